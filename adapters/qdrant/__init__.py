@@ -1,0 +1,1 @@
+"""pgr adapter for qdrant: not built yet (see the adapters issue). Importing it gives nothing."""

@@ -1,0 +1,67 @@
+"""Date parsing and comparison, with one rule: never mix naive and aware datetimes silently."""
+
+from __future__ import annotations
+
+from datetime import date, datetime, time
+
+from .errors import InvalidArgumentError
+
+DateLike = str | date | datetime
+
+
+def parse_date(value: DateLike | None, *, what: str = "date") -> datetime | None:
+    """Turn ``value`` into a datetime (midnight for a bare date); ``None`` stays ``None``.
+
+    >>> parse_date("2025-05-01")
+    datetime.datetime(2025, 5, 1, 0, 0)
+    """
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, date):
+        return datetime.combine(value, time())
+    if isinstance(value, str):
+        text = value.strip()
+        if text.endswith("Z"):
+            text = text[:-1] + "+00:00"
+        try:
+            return datetime.fromisoformat(text)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"{what} {value!r} is not an ISO date; pass e.g. '2025-05-01' or "
+                "'2025-05-01T18:30:00+02:00', or a date/datetime object"
+            ) from None
+    raise InvalidArgumentError(f"{what} must be a str, date or datetime, not {type(value).__name__}")
+
+
+def is_aware(moment: datetime) -> bool:
+    return moment.tzinfo is not None and moment.tzinfo.utcoffset(moment) is not None
+
+
+def check_same_kind(a: datetime, b: datetime, *, a_name: str, b_name: str) -> None:
+    """Raise when one datetime is timezone-aware and the other naive (Python would raise TypeError)."""
+    if is_aware(a) != is_aware(b):
+        aware, naive = (a_name, b_name) if is_aware(a) else (b_name, a_name)
+        raise InvalidArgumentError(
+            f"{aware} is timezone-aware but {naive} is naive; use the same kind for both "
+            "(add a tzinfo to the naive one, or drop it from the aware one)"
+        )
+
+
+def relative_age(fact_date: datetime, query_date: datetime) -> str:
+    """How long before (or after) the query date a fact is dated, in words a prompt can use."""
+    check_same_kind(fact_date, query_date, a_name="a fact's date", b_name="the query date")
+    days = (query_date - fact_date).days
+    if days == 0:
+        return "same day"
+    span = abs(days)
+    if span < 14:
+        amount = f"{span} day{'s' if span != 1 else ''}"
+    elif span < 60:
+        amount = f"{span // 7} weeks"
+    elif span < 730:
+        amount = f"{span // 30} months"
+    else:
+        amount = f"{span // 365} years"
+    return f"{amount} {'before' if days > 0 else 'after'}"

@@ -1,0 +1,38 @@
+"""The two things the retrieval flow asks the outside world for.
+
+The policy and the prospectors are written as generators that ``yield`` these effects and receive
+their results, so one flow serves both the sync and the async API (no duplicated logic): the driver
+in :mod:`pgr_core.policy` performs each effect with blocking or awaitable calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .trace import Trace
+from .types import Scope, SearchParams
+
+
+@dataclass(frozen=True)
+class Search:
+    """One store call: every probe of a round at once."""
+
+    probes: Sequence[str]
+    params: SearchParams
+    scope: Scope  # every store call carries the caller's scope
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One LLM call, billed to ``phase`` in the trace."""
+
+    phase: str
+    messages: Sequence[Mapping[str, str]]
+    schema: Mapping[str, Any] | None
+    max_tokens: int
+    trace: Trace  # where the call's usage is billed
+
+
+Flow = Generator[Search | Ask, Any, Any]

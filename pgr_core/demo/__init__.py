@@ -1,0 +1,116 @@
+"""The bundled demo: one person's dated chat history and three under-specified questions.
+
+``history.json`` is written for pgr (no third-party data): 20 sessions, January to April 2025, one
+fact per user turn, and for each question the turns that matter and why.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from ..embedders import Embedder
+from ..memory import InMemoryStore
+from ..policy import PGR
+from ..trace import RetrievalResult
+from ..types import Fact, Scope
+
+__all__ = ["DemoQuery", "build_store", "load_history", "run_demo"]
+
+
+def load_history() -> dict[str, Any]:
+    text = resources.files(__package__).joinpath("history.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def history_facts(history: dict[str, Any]) -> list[Fact]:
+    """One dated fact per turn, with its session and position (so the temporal window works)."""
+    from .._dates import parse_date
+
+    scope = Scope(user_id=history["person"]["user_id"])
+    return [
+        Fact(
+            id=f"{session['id']}:{i}",
+            text=turn,
+            scope=scope,
+            type="turn",
+            date=parse_date(session["date"]),
+            session_id=session["id"],
+            position=i,
+        )
+        for session in history["sessions"]
+        for i, turn in enumerate(session["turns"])
+    ]
+
+
+def build_store(embedder: Embedder | None = None, history: dict[str, Any] | None = None) -> InMemoryStore:
+    store = InMemoryStore(embedder=embedder)
+    store.add_facts(history_facts(history or load_history()))
+    return store
+
+
+@dataclass
+class DemoQuery:
+    query: str
+    date: str
+    query_only: RetrievalResult
+    pgr: RetrievalResult
+    relevant: list[str] = field(default_factory=list)
+    why: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def only_pgr(self) -> list[str]:
+        baseline = set(self.query_only.ids)
+        return [i for i in self.pgr.ids if i not in baseline]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "query": self.query,
+            "date": self.date,
+            "query_only": self.query_only.ids,
+            "pgr": self.pgr.ids,
+            "only_pgr": self.only_pgr,
+            "relevant": self.relevant,
+            "relevant_found": {
+                "query_only": [i for i in self.relevant if i in set(self.query_only.ids)],
+                "pgr": [i for i in self.relevant if i in set(self.pgr.ids)],
+            },
+            "summary": self.pgr.summary,
+            "trace": self.pgr.trace.to_dict(),
+        }
+
+    def page_item(self) -> dict[str, Any]:
+        return {
+            "query": self.query,
+            "date": self.date,
+            "query_only": self.query_only.to_dict(),
+            "pgr": self.pgr.to_dict(),
+            "relevant": self.relevant,
+            "why": self.why,
+        }
+
+
+def run_demo(
+    pgr: PGR, history: dict[str, Any] | None = None, progress: Callable[[str], None] | None = None
+) -> list[DemoQuery]:
+    """Run every demo question through query-only and PGR on ``pgr``'s store."""
+    history = history or load_history()
+    scope = Scope(user_id=history["person"]["user_id"])
+    out = []
+    for q in history["questions"]:
+        if progress:
+            progress(f"question {q['id']}: {q['query']}")
+        out.append(
+            DemoQuery(
+                query=q["query"],
+                date=q["date"],
+                query_only=pgr.query_only(q["query"], scope=scope, date=q["date"]),
+                pgr=pgr.retrieve(q["query"], scope=scope, date=q["date"]),
+                relevant=list(q.get("relevant", [])),
+                why=dict(q.get("why", {})),
+            )
+        )
+    return out

@@ -1,0 +1,82 @@
+"""The errors pgr raises, and the only ones.
+
+    PGRError
+    ├── InvalidArgumentError   bad arguments: empty query, K < 1, τ outside [0, 1], unknown strategy,
+    │   │                      unparseable or naive/aware-mixed dates (also a ValueError)
+    │   └── ScopeError         no scope, or a scope with none of user_id / agent_id / run_id
+    ├── ConfigurationError     set-up that cannot work: no LLM where one is required, a missing extra,
+    │                          an unknown plugin, a store file written by another embedder
+    ├── StoreError             a store backend failed; the backend's exception is ``__cause__``
+    └── LLMError               the LLM side failed (the policy degrades on these, never re-raises)
+        ├── LLMTimeoutError
+        ├── LLMConnectionError
+        ├── LLMStatusError     an HTTP error status that survived the retries (``status_code``)
+        └── LLMOutputError     the model answered, but not with what the schema asks for
+
+Retrieval never raises ``LLMError`` or ``StoreError`` to the caller for a failure it can degrade
+from: it returns what it has found so far and flags the trace. Configuration and argument errors
+are raised at once, before anything is searched or written.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "InvalidArgumentError",
+    "LLMConnectionError",
+    "LLMError",
+    "LLMOutputError",
+    "LLMStatusError",
+    "LLMTimeoutError",
+    "PGRError",
+    "ScopeError",
+    "StoreError",
+]
+
+
+class PGRError(Exception):
+    """Base class of every error pgr raises."""
+
+
+class InvalidArgumentError(PGRError, ValueError):
+    """An argument is out of range or malformed; the message says which and what to pass."""
+
+
+class ScopeError(InvalidArgumentError):
+    """A store call without a usable scope. pgr never searches unscoped."""
+
+
+class ConfigurationError(PGRError):
+    """The set-up cannot work as given (missing LLM, missing extra, unknown plugin...)."""
+
+
+class StoreError(PGRError):
+    """A store backend failed. The original exception is attached as ``__cause__``."""
+
+
+class LLMError(PGRError):
+    """The LLM could not give a usable answer."""
+
+
+class LLMTimeoutError(LLMError):
+    """The LLM did not answer within the timeout."""
+
+
+class LLMConnectionError(LLMError):
+    """The LLM server could not be reached (refused connection, DNS, TLS...)."""
+
+
+class LLMStatusError(LLMError):
+    """The LLM server answered with an error status that retries did not clear."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class LLMOutputError(LLMError):
+    """The LLM answered with text that is not the JSON the schema asks for."""
+
+    def __init__(self, message: str, raw: str = "") -> None:
+        super().__init__(message)
+        self.raw = raw

@@ -1,0 +1,109 @@
+"""Probe hygiene: whatever the prospector proposes, only distinct, short probes reach the store."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .embedders import Embedder
+from .trace import DroppedProbe, Step
+
+__all__ = ["Hygiene", "clean_steps"]
+
+_WORD = re.compile(r"[\w']+", re.UNICODE)
+
+
+@dataclass(frozen=True)
+class Hygiene:
+    """Limits applied to every round's steps before they become probes.
+
+    - ``max_words``: a probe is cut to this many words (long probes blur the embedding).
+    - ``max_probes``: at most this many step probes per round.
+    - ``echo_threshold``: a step whose cosine to the query reaches this only repeats the query.
+    - ``duplicate_threshold``: a step this close to an earlier probe (this round or before) is dropped.
+    Without an embedder, word-set overlap (Jaccard) stands in for cosine.
+    """
+
+    max_words: int = 32
+    max_probes: int = 8
+    echo_threshold: float = 0.9
+    duplicate_threshold: float = 0.9
+
+
+def _normal(text: str) -> str:
+    return " ".join(_WORD.findall(text.lower()))
+
+
+def _jaccard(a: str, b: str) -> float:
+    sa, sb = set(_WORD.findall(a.lower())), set(_WORD.findall(b.lower()))
+    return len(sa & sb) / len(sa | sb) if sa and sb else 0.0
+
+
+def clean_steps(
+    steps: Sequence[Step],
+    *,
+    query: str,
+    earlier: Sequence[str],
+    rules: Hygiene,
+    embedder: Embedder | None,
+) -> tuple[list[Step], list[DroppedProbe]]:
+    """Keep the steps whose text is a usable probe; say why each other one was dropped.
+
+    ``earlier`` holds the probes already sent (earlier rounds and the query's own); a kept step's text
+    is trimmed to ``rules.max_words`` words.
+    """
+    dropped: list[DroppedProbe] = []
+    candidates: list[Step] = []
+    for step in steps:
+        words = step.text.split()
+        if not _normal(step.text):
+            dropped.append(DroppedProbe(step.text, "empty"))
+            continue
+        if len(words) > rules.max_words:
+            step.text = " ".join(words[: rules.max_words])
+        candidates.append(step)
+    if not candidates:
+        return [], dropped
+
+    texts = [s.text for s in candidates]
+    if embedder is not None:
+        matrix = embedder.embed([query, *earlier, *texts])
+        q_vec, earlier_vecs, cand_vecs = matrix[0], matrix[1 : 1 + len(earlier)], matrix[1 + len(earlier) :]
+
+        def to_query(i: int) -> float:
+            return float(cand_vecs[i] @ q_vec)
+
+        def to_others(i: int, kept: list[int]) -> tuple[float, str | None]:
+            pool = [(float(cand_vecs[i] @ earlier_vecs[j]), earlier[j]) for j in range(len(earlier))]
+            pool += [(float(cand_vecs[i] @ cand_vecs[j]), texts[j]) for j in kept]
+            return max(pool, default=(0.0, None), key=lambda p: p[0])
+
+    else:
+
+        def to_query(i: int) -> float:
+            return _jaccard(texts[i], query)
+
+        def to_others(i: int, kept: list[int]) -> tuple[float, str | None]:
+            pool = [(_jaccard(texts[i], e), e) for e in earlier] + [
+                (_jaccard(texts[i], texts[j]), texts[j]) for j in kept
+            ]
+            return max(pool, default=(0.0, None), key=lambda p: p[0])
+
+    kept: list[int] = []
+    seen_exact = {_normal(e) for e in earlier}
+    for i, step in enumerate(candidates):
+        norm = _normal(step.text)
+        if norm == _normal(query) or to_query(i) >= rules.echo_threshold:
+            dropped.append(DroppedProbe(step.text, "echo_of_query", similar_to=query))
+            continue
+        best, similar = to_others(i, kept)
+        if norm in seen_exact or best >= rules.duplicate_threshold:
+            dropped.append(DroppedProbe(step.text, "duplicate", similar_to=similar))
+            continue
+        if len(kept) >= rules.max_probes:
+            dropped.append(DroppedProbe(step.text, "over_limit"))
+            continue
+        kept.append(i)
+        seen_exact.add(norm)
+    return [candidates[i] for i in kept], dropped

@@ -1,0 +1,76 @@
+"""Loading plugins and looking up what they registered."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from . import builtin, hookspecs
+from .errors import ConfigurationError
+
+__all__ = ["Registry", "load"]
+
+GROUP = "pgr"
+
+
+@dataclass
+class Registry:
+    """What the loaded plugins registered, by kind and name."""
+
+    stores: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    llms: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    embedders: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    plugins: list[str] = field(default_factory=list)
+
+    def store(self, name: str, **options: Any) -> Any:
+        return self._make("store", self.stores, name, options)
+
+    def llm(self, name: str, **options: Any) -> Any:
+        return self._make("LLM", self.llms, name, options)
+
+    def embedder(self, name: str, **options: Any) -> Any:
+        return self._make("embedder", self.embedders, name, options)
+
+    @staticmethod
+    def _make(kind: str, table: dict[str, Callable[..., Any]], name: str, options: dict[str, Any]) -> Any:
+        if name not in table:
+            known = ", ".join(sorted(table)) or "none"
+            raise ConfigurationError(f"no {kind} named {name!r} is registered (known: {known}); see `pgr plugins`")
+        return table[name](**options)
+
+
+def load(extra: Iterable[ModuleType] = (), *, entry_points: bool = True) -> Registry:
+    """Load the built-in plugin, the ``pgr`` entry points and ``extra`` modules, and collect their
+    registrations. ``PGR_LOAD_PLUGINS`` (comma-separated entry-point names) picks which entry points
+    load; unset, all do."""
+    pm = pluggy.PluginManager(GROUP)
+    pm.add_hookspecs(hookspecs)
+    if entry_points:
+        wanted = os.environ.get("PGR_LOAD_PLUGINS")
+        if wanted is None:
+            pm.load_setuptools_entrypoints(GROUP)
+        else:
+            for name in [n.strip() for n in wanted.split(",") if n.strip()]:
+                pm.load_setuptools_entrypoints(GROUP, name=name)
+    if not pm.is_registered(builtin):  # the ``memory`` entry point is the built-in module itself
+        pm.register(builtin, name="memory")
+    for module in extra:
+        if not pm.is_registered(module):
+            pm.register(module)
+    registry = Registry(plugins=[pm.get_name(p) or repr(p) for p in pm.get_plugins()])
+
+    def into(table: dict[str, Callable[..., Any]]) -> hookspecs.Register:
+        def register(name: str, factory: Callable[..., Any]) -> None:
+            table[name] = factory
+
+        return register
+
+    pm.hook.register_stores(register=into(registry.stores))
+    pm.hook.register_llms(register=into(registry.llms))
+    pm.hook.register_embedders(register=into(registry.embedders))
+    return registry

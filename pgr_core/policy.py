@@ -1,0 +1,515 @@
+"""Prospection-Guided Retrieval: the policy, in the order the paper runs it.
+
+    0. query augmentation   φ(q; τo, Ko) → the LLM restates the request as q_A
+    1. initial prospection  steps from q_A → R = φ(q) ∪ ⋃ φ(step)            (one store call)
+    2. personalisation      repeat: revise steps given R → Δ = new facts → R ∪= Δ
+                            until |Δ| < δ or I_max rounds                     (one store call each)
+    3. summary              which steps surfaced which facts, and why they matter
+    4. answer (optional)    PAG: a reply from R* and the summary
+
+Every step is a generator yielding :class:`Search` / :class:`Ask` effects; :meth:`PGR._drive` and
+:meth:`PGR._adrive` perform them, so the sync and async APIs share one flow.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ._dates import DateLike, check_same_kind, parse_date
+from ._effects import Ask, Flow, Search
+from .embedders import Embedder
+from .errors import ConfigurationError, InvalidArgumentError, LLMError, StoreError
+from .hygiene import Hygiene, clean_steps
+from .llm import LLM, Completion
+from .prompts import render
+from .prospectors import FacetProspector, LLMProspector, Prospection, Prospector, plain_summary
+from .store import Store
+from .trace import FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
+from .types import Hit, Scope, SearchParams
+
+__all__ = ["PGR", "Answer", "PGRConfig"]
+
+_RRF_K = 60  # reciprocal-rank fusion constant (Cormack et al.): damps the weight of rank 1
+
+
+@dataclass(frozen=True)
+class PGRConfig:
+    """The policy's parameters, with the paper's defaults. Every value is checked on construction.
+
+    - ``top_k`` / ``min_score``: K and τ per probe (5, 0.3).
+    - ``augment_top_k`` / ``augment_min_score``: Ko and τo of the augmentation lookup (5, 0.6).
+    - ``delta``: δ, stop when a round adds fewer new facts (5).
+    - ``max_rounds``: I_max, the most Phase-2 rounds (10).
+    - ``query_only_k``: K of the query-only baseline (20).
+    - ``window``: temporal window w (±w turns around each hit, for stores that keep turn order).
+    - ``max_facts``: cut R* to this many facts, neighbours included (None: keep all).
+    - ``query_weight``: weight of the query's own hit list when R* is ranked by fused rank.
+    """
+
+    top_k: int = 5
+    min_score: float = 0.3
+    augment_top_k: int = 5
+    augment_min_score: float = 0.6
+    delta: int = 5
+    max_rounds: int = 10
+    query_only_k: int = 20
+    window: int = 0
+    max_facts: int | None = None
+    query_weight: float = 1.0
+    augment: bool = True
+    hygiene: Hygiene = field(default_factory=Hygiene)
+
+    def __post_init__(self) -> None:
+        self.probe_params()  # validates top_k, min_score, window
+        SearchParams(self.augment_top_k, self.augment_min_score)
+        SearchParams(self.query_only_k, 0.0)
+        for name in ("delta", "max_rounds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.max_facts is not None and (not isinstance(self.max_facts, int) or self.max_facts < 1):
+            raise InvalidArgumentError(f"max_facts must be None or an integer >= 1, got {self.max_facts!r}")
+        if not self.query_weight >= 0:
+            raise InvalidArgumentError(f"query_weight must be >= 0, got {self.query_weight!r}")
+
+    def probe_params(self) -> SearchParams:
+        return SearchParams(top_k=self.top_k, min_score=self.min_score, window=self.window)
+
+
+@dataclass
+class Answer:
+    """A prospection-augmented answer (PAG). ``text`` is empty when the LLM failed (``degraded``)."""
+
+    text: str
+    facts: list[FoundFact]
+    retrieval: RetrievalResult
+    degraded: bool = False
+    error: str | None = None
+
+
+def _strategy_prospector(strategy: str | Prospector | None, llm: LLM | None) -> Prospector:
+    if isinstance(strategy, Prospector):
+        if strategy.requires_llm and llm is None:
+            raise ConfigurationError(f"prospector {strategy.name!r} needs an LLM: pass llm=...")
+        return strategy
+    if strategy is None:
+        strategy = "tot" if llm is not None else "facet"
+    if strategy in ("cot", "tot"):
+        if llm is None:
+            raise ConfigurationError(
+                f"strategy {strategy!r} needs an LLM: pass llm=OpenAICompatible(...), set PGR_LLM_BASE_URL, "
+                "or use strategy='facet' (no LLM)"
+            )
+        return LLMProspector(strategy)
+    if strategy == "facet":
+        return FacetProspector()
+    raise InvalidArgumentError(f"unknown strategy {strategy!r}: use 'tot', 'cot', 'facet' or a Prospector")
+
+
+class PGR:
+    """Prospection-Guided Retrieval over any :class:`~pgr_core.store.Store`.
+
+    >>> pgr = PGR(store, llm=OpenAICompatible(base_url=..., model=...), strategy="tot")  # doctest: +SKIP
+    >>> result = pgr.retrieve("Should I join a soccer league this summer?",
+    ...                       scope=Scope(user_id="u1"), date="2025-05-01")  # doctest: +SKIP
+
+    ``strategy``: ``"tot"`` or ``"cot"`` (LLM), ``"facet"`` (no LLM), or a :class:`Prospector`.
+    Left ``None``, it is ``"tot"`` with an LLM and ``"facet"`` without. Keyword arguments that name
+    :class:`PGRConfig` fields override its defaults.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        llm: LLM | None = None,
+        strategy: str | Prospector | None = None,
+        *,
+        config: PGRConfig | None = None,
+        embedder: Embedder | None = None,
+        **overrides: Any,
+    ) -> None:
+        if not isinstance(store, Store):
+            raise InvalidArgumentError(f"store must be a pgr_core.Store, not {type(store).__name__}")
+        unknown = set(overrides) - set(PGRConfig.__dataclass_fields__)
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown option(s) {sorted(unknown)}; options are {sorted(PGRConfig.__dataclass_fields__)}"
+            )
+        base = config or PGRConfig()
+        self.config = PGRConfig(**{**base.__dict__, **overrides}) if overrides else base
+        self.store = store
+        self.llm = llm
+        self.prospector = _strategy_prospector(strategy, llm)
+        self.strategy = getattr(self.prospector, "strategy", self.prospector.name)
+        # Hygiene compares probes by embedding; the store's own embedder, when it has one.
+        self.embedder: Embedder | None = embedder or getattr(store, "embedder", None)
+
+    def __repr__(self) -> str:
+        return f"PGR(store={type(self.store).__name__}, prospector={self.prospector.name!r}, llm={self.llm!r})"
+
+    # ================================================================== public API
+
+    def retrieve(
+        self, query: str, *, scope: Scope | Mapping[str, str], date: DateLike | None = None
+    ) -> RetrievalResult:
+        """Run prospection and return R* (ranked), the summary and the trace. Never raises for LLM or
+        store failures: the result is then ``degraded`` and holds what was found so far."""
+        return self._drive(self._retrieve_flow(*self._check(query, scope, date)))
+
+    async def aretrieve(
+        self, query: str, *, scope: Scope | Mapping[str, str], date: DateLike | None = None
+    ) -> RetrievalResult:
+        """Async twin of :meth:`retrieve`."""
+        return await self._adrive(self._retrieve_flow(*self._check(query, scope, date)))
+
+    def query_only(
+        self,
+        query: str,
+        *,
+        scope: Scope | Mapping[str, str],
+        date: DateLike | None = None,
+        top_k: int | None = None,
+        window: int | None = None,
+    ) -> RetrievalResult:
+        """The baseline through the same store: the query's top K (20) facts, window included.
+
+        With a window, neighbours count toward K: the top hits and their neighbours fill the budget.
+        """
+        return self._drive(self._query_only_flow(*self._check(query, scope, date), top_k, window))
+
+    async def aquery_only(
+        self,
+        query: str,
+        *,
+        scope: Scope | Mapping[str, str],
+        date: DateLike | None = None,
+        top_k: int | None = None,
+        window: int | None = None,
+    ) -> RetrievalResult:
+        """Async twin of :meth:`query_only`."""
+        return await self._adrive(self._query_only_flow(*self._check(query, scope, date), top_k, window))
+
+    def answer(self, query: str, *, scope: Scope | Mapping[str, str], date: DateLike | None = None) -> Answer:
+        """Prospection-augmented generation: retrieve, then answer from R* and the summary."""
+        return self._drive(self._answer_flow(*self._check(query, scope, date, needs_llm=True)))
+
+    async def aanswer(self, query: str, *, scope: Scope | Mapping[str, str], date: DateLike | None = None) -> Answer:
+        """Async twin of :meth:`answer`."""
+        return await self._adrive(self._answer_flow(*self._check(query, scope, date, needs_llm=True)))
+
+    # ================================================================== argument checks
+
+    def _check(
+        self, query: str, scope: Scope | Mapping[str, str], date: DateLike | None, *, needs_llm: bool = False
+    ) -> tuple[str, Scope, datetime | None]:
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidArgumentError(f"query must be a non-empty string, got {query!r}")
+        if needs_llm and self.llm is None:
+            raise ConfigurationError("answer() needs an LLM: pass llm=... to PGR or set PGR_LLM_BASE_URL")
+        return query.strip(), Scope.coerce(scope), parse_date(date, what="date")
+
+    # ================================================================== the flow
+
+    def _retrieve_flow(self, query: str, scope: Scope, date: datetime | None) -> Flow:
+        trace = Trace(
+            query=query,
+            strategy=str(self.strategy),
+            prospector=self.prospector.name,
+            date=date.isoformat() if date else None,
+            scope=scope.as_dict(),
+        )
+        p = Prospection(query=query, date=date, scope=scope, trace=trace, intent=query)
+        started = time.perf_counter()
+        try:
+            yield from self._run_phases(p)
+        except LLMError as exc:
+            trace.degrade("llm_error", exc)
+        except StoreError as exc:
+            trace.degrade("store_error", exc)
+        p.trace.intent = p.intent
+        summary = yield from self._summary(p)
+        trace.seconds = time.perf_counter() - started
+        return RetrievalResult(facts=self._ranked(p), summary=summary, trace=trace)
+
+    def _run_phases(self, p: Prospection) -> Flow:
+        cfg = self.config
+        if self.prospector.requires_llm and cfg.augment:
+            p.intent = yield from self._augment(p)
+        new = yield from self._initial_prospection(p)
+        if p.trace.degraded:
+            return
+        phase2_rounds = 0
+        while True:
+            if len(new) < cfg.delta:
+                p.trace.stop_reason = "delta_below_threshold"
+                return
+            if phase2_rounds >= cfg.max_rounds:
+                p.trace.stop_reason = "max_rounds"
+                return
+            phase2_rounds += 1
+            new, probed = yield from self._personalized_round(p, new)
+            if not probed:
+                p.trace.stop_reason = "no_new_probes"
+                return
+
+    def _augment(self, p: Prospection) -> Flow:
+        """Step 0: the query under the strict floor τo, then the LLM's restatement q_A."""
+        rnd = self._new_round(p, "augment")
+        params = SearchParams(self.config.augment_top_k, self.config.augment_min_score)
+        with self._phase(p.trace, "augment"):
+            hits = yield from self._search(p, rnd, [Probe(p.query, "query")], params, count=False)
+            try:
+                intent = yield from self.prospector.augment(p, hits[0])
+            except LLMError as exc:
+                p.trace.degrade("llm_error", exc)
+                return p.query
+        return str(intent).strip() or p.query
+
+    def _initial_prospection(self, p: Prospection) -> Flow:
+        """Phase 1: steps from q_A; R = φ(q) ∪ ⋃ φ(step)."""
+        rnd = self._new_round(p, "initial")
+        with self._phase(p.trace, "initial"):
+            t0 = time.perf_counter()
+            steps: list[Step] = []
+            if not p.trace.degraded:  # once the LLM has failed, pgr stops asking it
+                try:
+                    steps = yield from self.prospector.initial(p)
+                except LLMError as exc:
+                    p.trace.degrade("llm_error", exc)
+            # the query is always probed, so a degraded result still holds its hits
+            rnd.prospect_seconds = time.perf_counter() - t0
+            probes = [Probe(p.query, "query"), *self._accept(p, rnd, steps)]
+            yield from self._search(p, rnd, probes, self.config.probe_params())
+        return [p.found[i] for i in rnd.new_fact_ids]
+
+    def _personalized_round(self, p: Prospection, new: list[FoundFact]) -> Flow:
+        """Phase 2, one round: revise the steps given R; probe; return (Δ, whether anything was probed)."""
+        rnd = self._new_round(p, "personalized")
+        with self._phase(p.trace, "personalized"):
+            t0 = time.perf_counter()
+            steps = yield from self.prospector.revise(p, new)
+            rnd.prospect_seconds = time.perf_counter() - t0
+            probes = self._accept(p, rnd, steps)
+            if not probes:
+                return [], False
+            yield from self._search(p, rnd, probes, self.config.probe_params())
+        return [p.found[i] for i in rnd.new_fact_ids], True
+
+    def _summary(self, p: Prospection) -> Flow:
+        with self._phase(p.trace, "summary"):
+            if p.trace.degraded or self.llm is None:
+                return plain_summary(p)
+            try:
+                return (yield from self.prospector.summarize(p))
+            except LLMError as exc:
+                p.trace.errors.append(f"summary: {type(exc).__name__}: {exc}")
+                p.trace.degraded = True
+                return plain_summary(p)
+
+    def _query_only_flow(
+        self, query: str, scope: Scope, date: datetime | None, top_k: int | None, window: int | None
+    ) -> Flow:
+        cfg = self.config
+        k = cfg.query_only_k if top_k is None else top_k
+        w = cfg.window if window is None else window
+        params = SearchParams(top_k=k, min_score=0.0, window=w)
+        trace = Trace(
+            query=query,
+            strategy="query-only",
+            prospector="none",
+            scope=scope.as_dict(),
+            date=date.isoformat() if date else None,
+        )
+        p = Prospection(query=query, date=date, scope=scope, trace=trace, intent=query)
+        started = time.perf_counter()
+        rnd = self._new_round(p, "query_only")
+        try:
+            with self._phase(trace, "query_only"):
+                yield from self._search(p, rnd, [Probe(query, "query")], params)
+            trace.stop_reason = "query_only"
+        except StoreError as exc:
+            trace.degrade("store_error", exc)
+        trace.seconds = time.perf_counter() - started
+        facts = sorted(p.found.values(), key=lambda f: -f.rank_score)
+        return RetrievalResult(facts=facts[:k], summary="", trace=trace)
+
+    def _answer_flow(self, query: str, scope: Scope, date: datetime | None) -> Flow:
+        result = yield from self._retrieve_flow(query, scope, date)
+        facts = result.facts
+        p = Prospection(query=query, date=date, scope=scope, trace=result.trace)
+        text = render(
+            "answer",
+            date=p.date_text(),
+            query=query,
+            summary=result.summary or "(none)",
+            memories=p.memory_lines(facts, 20),
+        )
+        try:
+            with self._phase(result.trace, "answer"):
+                completion = yield Ask("answer", [{"role": "user", "content": text}], None, 500, result.trace)
+        except LLMError as exc:
+            result.trace.errors.append(f"answer: {type(exc).__name__}: {exc}")
+            return Answer(text="", facts=facts, retrieval=result, degraded=True, error=str(exc))
+        return Answer(text=completion.text.strip(), facts=facts, retrieval=result, degraded=result.degraded)
+
+    # ================================================================== helpers of the flow
+
+    def _new_round(self, p: Prospection, phase: Any) -> Round:
+        p.round = len(p.trace.rounds)
+        rnd = Round(index=p.round, phase=phase)
+        p.trace.rounds.append(rnd)
+        return rnd
+
+    def _accept(self, p: Prospection, rnd: Round, steps: Sequence[Step]) -> list[Probe]:
+        """Probe hygiene: keep distinct, short steps; record the dropped ones."""
+        earlier = [pr.text for r in p.trace.rounds for pr in r.probes]
+        if p.intent != p.query:
+            earlier.append(p.intent)
+        kept, dropped = clean_steps(
+            steps, query=p.query, earlier=earlier, rules=self.config.hygiene, embedder=self.embedder
+        )
+        rnd.dropped.extend(dropped)
+        rnd.steps.extend(steps)
+        p.steps.extend(steps)
+        return [Probe(s.text, "step", step_id=s.id) for s in kept]
+
+    def _search(
+        self, p: Prospection, rnd: Round, probes: list[Probe], params: SearchParams, *, count: bool = True
+    ) -> Flow:
+        """One store call for the whole round; fold the hits into R (when ``count``)."""
+        t0 = time.perf_counter()
+        rnd.probes.extend(probes)
+        rnd.store_calls += 1
+        hit_lists: list[list[Hit]] = yield Search([pr.text for pr in probes], params, p.scope)
+        rnd.search_seconds += time.perf_counter() - t0
+        for probe, hits in zip(probes, hit_lists, strict=True):
+            probe.hits = [(h.fact.id, round(h.score, 6)) for h in hits if h.neighbour_of is None]
+            probe.neighbours = [h.fact.id for h in hits if h.neighbour_of is not None]
+            if count:
+                self._merge(p, rnd, probe, hits)
+        return hit_lists
+
+    def _merge(self, p: Prospection, rnd: Round, probe: Probe, hits: list[Hit]) -> None:
+        """R ∪= hits; Δ counts direct hits only (neighbours are recorded, not counted toward δ)."""
+        weight = self.config.query_weight if probe.source == "query" else 1.0
+        for hit in hits:
+            if p.date is not None and hit.fact.date is not None:
+                check_same_kind(hit.fact.date, p.date, a_name=f"fact {hit.fact.id!r}'s date", b_name="the query date")
+            fused = weight / (_RRF_K + hit.rank + (0.5 if hit.neighbour_of else 0.0))
+            known = p.found.get(hit.fact.id)
+            if known is None:
+                p.found[hit.fact.id] = FoundFact(
+                    fact=hit.fact,
+                    score=hit.score if hit.neighbour_of is None else 0.0,
+                    rank_score=fused,
+                    round=rnd.index,
+                    probe=probe.text,
+                    step_id=probe.step_id,
+                    via="neighbour" if hit.neighbour_of else "hit",
+                    probes_hit=0 if hit.neighbour_of else 1,
+                )
+                (rnd.new_neighbour_ids if hit.neighbour_of else rnd.new_fact_ids).append(hit.fact.id)
+                continue
+            known.rank_score += fused
+            if hit.neighbour_of is None:
+                known.probes_hit += 1
+                known.score = max(known.score, hit.score)
+                if known.via == "neighbour":  # reached directly now: it counts toward Δ
+                    known.via = "hit"
+                    known.round, known.probe, known.step_id = rnd.index, probe.text, probe.step_id
+                    rnd.new_fact_ids.append(hit.fact.id)
+
+    def _ranked(self, p: Prospection) -> list[FoundFact]:
+        """R* by fused rank: facts that several probes rank high come first."""
+        facts = sorted(p.found.values(), key=lambda f: (-f.rank_score, -f.score))
+        return facts[: self.config.max_facts] if self.config.max_facts else facts
+
+    @contextmanager
+    def _phase(self, trace: Trace, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            trace.seconds_by_phase[phase] = trace.seconds_by_phase.get(phase, 0.0) + time.perf_counter() - t0
+
+    # ================================================================== drivers
+
+    def _drive(self, flow: Flow) -> Any:
+        """Run a flow with blocking calls."""
+        to_send: Any = None
+        to_throw: BaseException | None = None
+        while True:
+            try:
+                effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
+            except StopIteration as stop:
+                return stop.value
+            to_send, to_throw = None, None
+            try:
+                if isinstance(effect, Search):
+                    to_send = self.store._checked_search(effect.probes, effect.scope, effect.params)
+                else:
+                    with self._billing(effect) as box:
+                        box.append(
+                            self._llm().complete(effect.messages, schema=effect.schema, max_tokens=effect.max_tokens)
+                        )
+                    to_send = box[0]
+            except (LLMError, StoreError) as exc:
+                to_throw = exc
+
+    async def _adrive(self, flow: Flow) -> Any:
+        """Run a flow with awaitable calls."""
+        to_send: Any = None
+        to_throw: BaseException | None = None
+        while True:
+            try:
+                effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
+            except StopIteration as stop:
+                return stop.value
+            to_send, to_throw = None, None
+            try:
+                if isinstance(effect, Search):
+                    to_send = await self.store._achecked_search(effect.probes, effect.scope, effect.params)
+                else:
+                    with self._billing(effect) as box:
+                        box.append(
+                            await self._llm().acomplete(
+                                effect.messages, schema=effect.schema, max_tokens=effect.max_tokens
+                            )
+                        )
+                    to_send = box[0]
+            except (LLMError, StoreError) as exc:
+                to_throw = exc
+
+    def _llm(self) -> LLM:
+        if self.llm is None:  # a prospector that needs an LLM is refused at construction
+            raise ConfigurationError("this step needs an LLM: pass llm=... to PGR")
+        return self.llm
+
+    @contextmanager
+    def _billing(self, effect: Ask) -> Iterator[list[Completion]]:
+        """Time one LLM call and bill it to the trace; a custom LLM's own exception becomes LLMError."""
+        t0, box = time.perf_counter(), []
+        try:
+            yield box
+        except LLMError:
+            self._bill(effect, None, time.perf_counter() - t0)
+            raise
+        except Exception as exc:
+            self._bill(effect, None, time.perf_counter() - t0)
+            raise LLMError(f"{type(exc).__name__}: {exc}") from exc
+        self._bill(effect, box[0] if box else None, time.perf_counter() - t0)
+
+    @staticmethod
+    def _bill(effect: Ask, completion: Completion | None, seconds: float) -> None:
+        """Count one LLM call (failed ones too) in the trace, overall and for its phase."""
+        spent = Usage(llm_calls=1, seconds=seconds)
+        if completion is not None:
+            spent.prompt_tokens = completion.usage.prompt_tokens
+            spent.completion_tokens = completion.usage.completion_tokens
+        effect.trace.usage.add(spent)
+        effect.trace.usage_by_phase.setdefault(effect.phase, Usage()).add(spent)

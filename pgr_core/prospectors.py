@@ -1,0 +1,427 @@
+"""Prospectors: whatever imagines the user's next steps, round by round.
+
+A prospector never touches the store or the LLM itself: its methods are generators that yield
+:class:`~pgr_core._effects.Ask` effects (see :mod:`pgr_core._effects`) and return steps. The policy
+turns steps into probes, searches, and hands back what was found.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar
+
+from ._dates import relative_age
+from ._effects import Ask, Flow
+from .errors import InvalidArgumentError, LLMOutputError
+from .llm import parse_json
+from .prompts import render
+from .trace import FoundFact, Step, Trace
+from .types import Hit, Scope
+
+__all__ = ["DIMENSIONS", "FacetProspector", "LLMProspector", "Prospection", "Prospector"]
+
+#: The prospection dimensions and the everyday words that signal each in a person's memories.
+DIMENSIONS: Mapping[str, str] = {
+    "timing": "schedule busy evenings weekends deadlines dates",
+    "logistics": "getting there transport car bus location equipment",
+    "social": "friends family partner coworkers who comes along",
+    "health": "injury pain doctor illness energy diet allergy",
+    "finances": "money budget cost savings bills paying",
+    "preferences": "likes dislikes favourite enjoys hates avoids",
+    "skills": "experience lessons training practice good at",
+    "past commitments": "promised signed up booked already planned obligations",
+}
+
+
+@dataclass
+class Prospection:
+    """The state of one retrieval as prospectors see it (one per call: nothing shared)."""
+
+    query: str
+    date: datetime | None
+    scope: Scope
+    trace: Trace
+    intent: str = ""
+    found: dict[str, FoundFact] = field(default_factory=dict)  # R, in discovery order
+    steps: list[Step] = field(default_factory=list)
+    round: int = 0
+
+    def date_text(self) -> str:
+        return self.date.date().isoformat() if self.date else "unknown"
+
+    def memory_lines(self, facts: Sequence[FoundFact], limit: int) -> str:
+        """Facts as quoted, delimited records (data, never instructions), with their age."""
+        lines = []
+        for i, found in enumerate(facts[:limit], 1):
+            fact = found.fact
+            when = fact.date or fact.updated_at
+            age = (
+                relative_age(when, self.date)
+                if when and self.date
+                else (when.date().isoformat() if when else "undated")
+            )
+            text = fact.text.replace("<", "‹").replace(">", "›").replace("\n", " ")
+            lines.append(f'<record id="m{i}" noted="{age}">{text}</record>')
+        return "\n".join(lines) if lines else "(none)"
+
+
+class Prospector(ABC):
+    """Imagines next steps. Subclasses implement :meth:`initial` and :meth:`revise`.
+
+    Each method is a generator (``yield`` :class:`Ask` effects, ``return`` the result), so the same
+    code runs under :meth:`PGR.retrieve` and :meth:`PGR.aretrieve`.
+    """
+
+    name: ClassVar[str] = "prospector"
+    requires_llm: ClassVar[bool] = False
+
+    def augment(self, p: Prospection, context: list[Hit]) -> Flow:
+        """Return q_A, the query restated with context. The default keeps the query as it is."""
+        return p.query
+        yield  # pragma: no cover - makes this a generator
+
+    @abstractmethod
+    def initial(self, p: Prospection) -> Flow:
+        """Phase 1: return the first steps (``list[Step]``) from ``p.intent`` and ``p.date``."""
+
+    @abstractmethod
+    def revise(self, p: Prospection, new: list[FoundFact]) -> Flow:
+        """Phase 2: return new steps given R (``p.found``) and the last round's Δ (``new``)."""
+
+    def summarize(self, p: Prospection) -> Flow:
+        """Return the prospection summary. The default lists which step surfaced which facts."""
+        return plain_summary(p)
+        yield  # pragma: no cover
+
+
+def plain_summary(p: Prospection, per_step: int = 2) -> str:
+    """An LLM-free summary: the steps that surfaced facts, and the best facts each surfaced."""
+    by_step: dict[str | None, list[FoundFact]] = {}
+    for found in p.found.values():
+        if found.via == "hit":
+            by_step.setdefault(found.step_id, []).append(found)
+    parts = []
+    steps = {s.id: s for s in p.steps}
+    for step_id, facts in by_step.items():
+        facts.sort(key=lambda f: -f.score)
+        quoted = "; ".join(f'"{f.text}"' for f in facts[:per_step])
+        if step_id is None:
+            parts.append(f"The request itself recalled {len(facts)} fact(s), e.g. {quoted}.")
+        elif step_id in steps:
+            s = steps[step_id]
+            label = f" ({s.dimension})" if s.dimension else ""
+            parts.append(f'Step "{s.text}"{label} surfaced {len(facts)} fact(s), e.g. {quoted}.')
+    if not parts:
+        return "Nothing in memory bears on this request."
+    return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- LLM prospection
+
+_STEP_ITEM = {
+    "type": "object",
+    "properties": {"action": {"type": "string"}, "dimension": {"type": "string"}},
+    "required": ["action"],
+}
+_NODE_ITEM = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "parent": {"type": ["string", "null"]},
+        "action": {"type": "string"},
+        "dimension": {"type": "string"},
+    },
+    "required": ["id", "action"],
+}
+COT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"steps": {"type": "array", "items": _STEP_ITEM, "maxItems": 8}},
+    "required": ["steps"],
+}
+TOT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"nodes": {"type": "array", "items": _NODE_ITEM, "maxItems": 10}},
+    "required": ["nodes"],
+}
+INTENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"intent": {"type": "string"}},
+    "required": ["intent"],
+}
+SUMMARY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"summary": {"type": "string"}},
+    "required": ["summary"],
+}
+# What the reply is checked against: the list must be there; items are read leniently (a small model
+# may write plain strings instead of objects, which still make good probes).
+_COT_CHECK = {"type": "object", "properties": {"steps": {"type": "array"}}, "required": ["steps"]}
+_TOT_CHECK = {"type": "object", "properties": {"nodes": {"type": "array"}}, "required": ["nodes"]}
+
+
+def ask_json(
+    p: Prospection, phase: str, prompt_text: str, schema: Mapping[str, Any], check: Mapping[str, Any], max_tokens: int
+) -> Flow:
+    """One schema-bound LLM call, with one repair retry when the reply is unusable.
+
+    Raises :class:`LLMOutputError` when the repaired reply is unusable too; the policy degrades.
+    """
+    messages: list[dict[str, str]] = [{"role": "user", "content": prompt_text}]
+    completion = yield Ask(phase, messages, schema, max_tokens, p.trace)
+    try:
+        return parse_json(completion.text, check)
+    except LLMOutputError as exc:
+        p.trace.unusable_outputs += 1
+        problem = str(exc) + (", cut off at the length limit" if completion.truncated else "")
+    p.trace.repairs += 1
+    messages += [
+        {"role": "assistant", "content": completion.text[:1500]},
+        {"role": "user", "content": render("repair", problem=problem)},
+    ]
+    completion = yield Ask(phase, messages, schema, max_tokens, p.trace)
+    try:
+        return parse_json(completion.text, check)
+    except LLMOutputError:
+        p.trace.unusable_outputs += 1
+        raise
+
+
+def _item_text(item: Any) -> tuple[str, str | None]:
+    if isinstance(item, str):
+        return item.strip(), None
+    if isinstance(item, Mapping):
+        text = item.get("action") or item.get("step") or item.get("text") or ""
+        dim = item.get("dimension")
+        return (str(text).strip(), str(dim).strip() if isinstance(dim, str) and dim.strip() else None)
+    return "", None
+
+
+class LLMProspector(Prospector):
+    """The paper's prospection: an LLM restates the request, imagines steps (chain or tree), and
+    revises them from what memory returned.
+
+    ``strategy`` is ``"cot"`` (a chain) or ``"tot"`` (a tree with parent/children). ``n_steps`` caps
+    the steps asked for per round; ``memories_in_prompt`` caps the records shown per prompt.
+    """
+
+    name = "llm"
+    requires_llm = True
+
+    def __init__(
+        self,
+        strategy: str = "tot",
+        *,
+        n_steps: int = 6,
+        memories_in_prompt: int = 12,
+        dimensions: Sequence[str] = tuple(DIMENSIONS),
+        max_tokens: int = 400,
+    ) -> None:
+        if strategy not in ("cot", "tot"):
+            raise InvalidArgumentError(f"strategy must be 'cot' or 'tot', got {strategy!r}")
+        if n_steps < 1 or memories_in_prompt < 0 or max_tokens < 16:
+            raise InvalidArgumentError("n_steps must be >= 1, memories_in_prompt >= 0, max_tokens >= 16")
+        self.strategy = strategy
+        self.n_steps = n_steps
+        self.memories_in_prompt = memories_in_prompt
+        self.dimensions = list(dimensions)
+        self.max_tokens = max_tokens
+        self.name = f"llm-{strategy}"
+
+    @property
+    def _schemas(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return (TOT_SCHEMA, _TOT_CHECK) if self.strategy == "tot" else (COT_SCHEMA, _COT_CHECK)
+
+    def augment(self, p: Prospection, context: list[Hit]) -> Flow:
+        found = [FoundFact(h.fact, h.score, h.score, 0, p.query) for h in context]
+        text = render("augment", date=p.date_text(), query=p.query, memories=p.memory_lines(found, 5))
+        reply = yield from ask_json(p, "augment", text, INTENT_SCHEMA, INTENT_SCHEMA, 160)
+        intent = str(reply.get("intent", "")).strip()
+        return intent or p.query
+
+    def initial(self, p: Prospection) -> Flow:
+        name = "prospect_tot" if self.strategy == "tot" else "prospect_cot"
+        text = render(
+            name, date=p.date_text(), intent=p.intent, n_steps=self.n_steps, dimensions=", ".join(self.dimensions)
+        )
+        schema, check = self._schemas
+        reply = yield from ask_json(p, "initial", text, schema, check, self.max_tokens)
+        return self._steps(reply, p, known={})
+
+    def revise(self, p: Prospection, new: list[FoundFact]) -> Flow:
+        shown = sorted(p.found.values(), key=lambda f: -f.rank_score)
+        steps_text = (
+            "\n".join(f"- [{s.id}] {s.text}" + (f" ({s.dimension})" if s.dimension else "") for s in p.steps)
+            or "(none)"
+        )
+        if self.strategy == "tot":
+            fmt = '{"nodes": [{"id": "<new id>", "parent": "<id of the step it follows, or null>", "action": "<step>", "dimension": "<one dimension>"}, ...]}'
+            hint = " You may attach a new step under an earlier one by giving that step's id as its parent."
+        else:
+            fmt = '{"steps": [{"action": "<step>", "dimension": "<one dimension>"}, ...]}'
+            hint = ""
+        text = render(
+            "revise",
+            date=p.date_text(),
+            intent=p.intent,
+            steps=steps_text,
+            memories=p.memory_lines(shown, self.memories_in_prompt),
+            n_steps=self.n_steps,
+            dimensions=", ".join(self.dimensions),
+            tree_hint=hint,
+            format=fmt,
+        )
+        schema, check = self._schemas
+        reply = yield from ask_json(p, "personalized", text, schema, check, self.max_tokens)
+        return self._steps(reply, p, known={s.id: s for s in p.steps})
+
+    def summarize(self, p: Prospection) -> Flow:
+        findings = []
+        for step in p.steps:
+            facts = [f for f in p.found.values() if f.step_id == step.id and f.via == "hit"]
+            if facts:
+                findings.append(f"Step: {step.text}\n" + p.memory_lines(facts, 4))
+        direct = [f for f in p.found.values() if f.step_id is None and f.via == "hit"]
+        if direct:
+            findings.insert(0, "The request itself:\n" + p.memory_lines(direct, 4))
+        if not findings:
+            return "Nothing in memory bears on this request."
+        text = render("summary", date=p.date_text(), query=p.query, intent=p.intent, findings="\n\n".join(findings[:8]))
+        reply = yield from ask_json(p, "summary", text, SUMMARY_SCHEMA, SUMMARY_SCHEMA, 300)
+        return str(reply.get("summary", "")).strip() or plain_summary(p)
+
+    def _steps(self, reply: Mapping[str, Any], p: Prospection, known: Mapping[str, Step]) -> list[Step]:
+        """Turn the reply into Steps with ids unique across rounds; keep the tree's links."""
+        items = reply.get("nodes" if self.strategy == "tot" else "steps") or []
+        steps: list[Step] = []
+        local: dict[str, Step] = {}
+        previous: Step | None = None
+        for i, item in enumerate(items[: self.n_steps * 2]):
+            text, dim = _item_text(item)
+            if not text:
+                continue
+            step = Step(id=f"r{p.round}.{i + 1}", text=text, dimension=dim, round=p.round)
+            if self.strategy == "tot" and isinstance(item, Mapping):
+                raw_id, raw_parent = str(item.get("id") or ""), item.get("parent")
+                parent = local.get(str(raw_parent)) or known.get(str(raw_parent)) if raw_parent else None
+                if parent is not None:
+                    step.parent = parent.id
+                    parent.children.append(step.id)
+                if raw_id:
+                    local[raw_id] = step
+            elif self.strategy == "cot" and previous is not None:
+                step.parent = previous.id  # a chain: each step follows the one before
+                previous.children.append(step.id)
+            steps.append(step)
+            previous = step
+        return steps
+
+
+# --------------------------------------------------------------------------- LLM-free prospection
+
+_STOP = frozenset(
+    """a about above after again against all am an and any are as at be because been before being below
+    between both but by can could did do does doing down during each few for from further had has have
+    having he her here hers herself him himself his how i if in into is it its itself just let me more
+    most my myself no nor not now of off on once only or other our ours ourselves out over own same she
+    should so some such than that the their theirs them themselves then there these they this those
+    through to too under until up very was we were what when where which while who whom why will with
+    would you your yours yourself yourselves also get got go going gonna really yeah yes oh ok okay like
+    thing things something anything much many lot lots well still even ever way back made make makes
+    know think thought want wanted need needs say said tell told see seen look looking good great nice
+    one two time times day days year years new last next first since ago always never maybe sure
+    definitely totally pretty kind sort im i'm it's that's don't didn't can't you're i've i'd i'll
+    thanks thank hey hi wow cool awesome amazing glad happy love loved""".split()
+)
+_WORD = re.compile(r"[A-Za-z][\w'-]*", re.UNICODE)
+
+
+def _content_words(text: str) -> list[str]:
+    return [w for w in _WORD.findall(text) if w.lower() not in _STOP and len(w) > 2]
+
+
+def _entities(text: str) -> list[str]:
+    """Capitalised words that are not the sentence's first word: names of people and places."""
+    words = _WORD.findall(text)
+    out = []
+    for i, w in enumerate(words):
+        if w[0].isupper() and w.lower() not in _STOP and (i > 0 or len(words) == 1):
+            out.append(w)
+    return list(dict.fromkeys(out))
+
+
+class FacetProspector(Prospector):
+    """Deterministic prospection without an LLM.
+
+    Phase 1 crosses the query's subject (its named people and places, or the user) with the
+    prospection dimensions: each probe is the subject plus one dimension's vocabulary, so it stands
+    apart from the query instead of repeating it. Phase 2 grounds the next round in what was found:
+    for the best new facts, a probe made of their distinctive words (those not in the query and rare
+    among the facts found), so a fact about a knee leads to the physio, the surgery, the doctor's advice.
+    """
+
+    name = "facet"
+
+    def __init__(
+        self,
+        dimensions: Mapping[str, str] | None = None,
+        *,
+        terms_per_probe: int = 4,
+        probes_per_round: int = 6,
+        topic_words: int = 0,
+    ) -> None:
+        if terms_per_probe < 1 or probes_per_round < 1 or topic_words < 0:
+            raise InvalidArgumentError("terms_per_probe and probes_per_round must be >= 1, topic_words >= 0")
+        self.dimensions = dict(dimensions or DIMENSIONS)
+        self.terms_per_probe = terms_per_probe
+        self.probes_per_round = probes_per_round
+        self.topic_words = topic_words
+
+    def _subject(self, query: str) -> str:
+        names = _entities(query)
+        topic = [w for w in _content_words(query) if w not in names][: self.topic_words]
+        return " ".join([*names, *topic])
+
+    def initial(self, p: Prospection) -> Flow:
+        subject = self._subject(p.intent or p.query)
+        steps = [
+            Step(id=f"r{p.round}.{i + 1}", text=f"{subject} {vocab}".strip(), dimension=dim, round=p.round)
+            for i, (dim, vocab) in enumerate(self.dimensions.items())
+        ]
+        return steps
+        yield  # pragma: no cover
+
+    def revise(self, p: Prospection, new: list[FoundFact]) -> Flow:
+        query_words = {w.lower() for w in _content_words(p.query)}
+        used = {w.lower() for s in p.steps for w in _content_words(s.text)}
+        # how many found facts use each word: common words say little about any one fact
+        doc_freq = Counter(w.lower() for f in p.found.values() for w in set(_content_words(f.text)))
+        names = _entities(p.query)
+        parents = {s.id: s for s in p.steps}
+        steps: list[Step] = []
+        for found in sorted((f for f in new if f.via == "hit"), key=lambda f: -f.score):
+            words = [w for w in dict.fromkeys(_content_words(found.text)) if w.lower() not in query_words]
+            fresh = [w for w in words if w.lower() not in used] or words
+            fresh.sort(key=lambda w: doc_freq[w.lower()])
+            terms = fresh[: self.terms_per_probe]
+            if not terms:
+                continue
+            step = Step(
+                id=f"r{p.round}.{len(steps) + 1}",
+                text=" ".join([*names, *terms]),
+                dimension=parents[found.step_id].dimension if found.step_id in parents else None,
+                parent=found.step_id if found.step_id in parents else None,
+                round=p.round,
+            )
+            if step.parent:
+                parents[step.parent].children.append(step.id)
+            used.update(t.lower() for t in terms)
+            steps.append(step)
+            if len(steps) >= self.probes_per_round:
+                break
+        return steps
+        yield  # pragma: no cover

@@ -1,0 +1,91 @@
+"""The store hook φ(x; M, Θ): the only thing PGR asks of a memory store."""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+from .errors import InvalidArgumentError, StoreError
+from .types import Capabilities, Hit, Scope, SearchParams
+
+__all__ = ["Store", "validate_probes"]
+
+
+def validate_probes(probes: Sequence[str]) -> list[str]:
+    if isinstance(probes, str):
+        raise InvalidArgumentError("probes must be a sequence of strings, not one string: wrap it in a list")
+    out = list(probes)
+    for i, probe in enumerate(out):
+        if not isinstance(probe, str) or not probe.strip():
+            raise InvalidArgumentError(f"probe {i} must be a non-empty string, got {probe!r}")
+    return out
+
+
+class Store(ABC):
+    """A memory store, seen through one batch search.
+
+    Subclasses implement :meth:`search_batch`. The policy makes exactly one call per round with every
+    probe of that round, so an adapter can embed all probes at once and make one search round trip.
+    Declare what the store can do in ``capabilities``; override :meth:`asearch_batch` when the backend
+    has a native async client (the default runs the sync method in a thread).
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    @abstractmethod
+    def search_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
+        """Search once for every probe.
+
+        Returns one list of hits per probe, in probe order. Each list holds at most ``params.top_k``
+        direct hits scoring at least ``params.min_score``, best first, all owned by facts that
+        ``scope`` allows; when ``params.window`` > 0 and ``capabilities.window`` is set, each direct hit
+        is followed by its ±window same-session neighbours (``Hit.neighbour_of`` set). Backend failures
+        raise :class:`~pgr_core.errors.StoreError` with the cause attached.
+
+        Example::
+
+            hits = store.search_batch(["knee injury", "evening schedule"],
+                                      scope=Scope(user_id="u1"), params=SearchParams(top_k=5))
+            hits[0][0].fact.text   # best fact for the first probe
+        """
+
+    async def asearch_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
+        """Async twin of :meth:`search_batch`."""
+        return await asyncio.to_thread(self.search_batch, probes, scope=scope, params=params)
+
+    # -- what the policy calls: argument checks and error mapping around the hook
+    def _checked_search(self, probes: Sequence[str], scope: Scope, params: SearchParams) -> list[list[Hit]]:
+        probes = validate_probes(probes)
+        scope = Scope.coerce(scope)
+        try:
+            result = self.search_batch(probes, scope=scope, params=params)
+        except (StoreError, InvalidArgumentError):
+            raise
+        except Exception as exc:
+            raise StoreError(f"{type(self).__name__}.search_batch failed: {exc}") from exc
+        return self._checked_result(probes, scope, result)
+
+    async def _achecked_search(self, probes: Sequence[str], scope: Scope, params: SearchParams) -> list[list[Hit]]:
+        probes = validate_probes(probes)
+        scope = Scope.coerce(scope)
+        try:
+            result = await self.asearch_batch(probes, scope=scope, params=params)
+        except (StoreError, InvalidArgumentError):
+            raise
+        except Exception as exc:
+            raise StoreError(f"{type(self).__name__}.asearch_batch failed: {exc}") from exc
+        return self._checked_result(probes, scope, result)
+
+    def _checked_result(self, probes: list[str], scope: Scope, result: list[list[Hit]]) -> list[list[Hit]]:
+        if len(result) != len(probes):
+            raise StoreError(f"{type(self).__name__} returned {len(result)} hit lists for {len(probes)} probes")
+        # A belt over the adapter's braces: a fact outside the caller's scope never leaves this method.
+        leaked = [h for hits in result for h in hits if not scope.allows(h.fact.scope)]
+        if leaked:
+            raise StoreError(
+                f"{type(self).__name__} returned {len(leaked)} fact(s) outside scope {scope.as_dict()}; "
+                "refusing to pass them on"
+            )
+        return result

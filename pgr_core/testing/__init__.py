@@ -1,0 +1,84 @@
+"""Test doubles that ship with pgr: a scripted LLM, and helpers to build small stores.
+
+The conformance suite for store adapters lives in :mod:`pgr_core.testing.conformance` (adapters issue).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import LLMError
+from ..llm import LLM, Completion, Usage
+
+__all__ = ["LLMCall", "ScriptedLLM"]
+
+Reply = str | Mapping[str, Any] | BaseException
+Handler = Callable[[Sequence[Mapping[str, str]], Mapping[str, Any] | None], Reply]
+
+
+@dataclass
+class LLMCall:
+    messages: list[dict[str, str]]
+    schema: Mapping[str, Any] | None
+    max_tokens: int
+
+    @property
+    def prompt(self) -> str:
+        return "\n".join(m.get("content", "") for m in self.messages)
+
+
+@dataclass
+class ScriptedLLM(LLM):
+    """An LLM that answers from a script, for tests.
+
+    ``replies`` is consumed in order; each item is a string (the reply text), a mapping (sent as
+    JSON), or an exception instance (raised; use pgr's LLMError subclasses to simulate timeouts and
+    refused connections). ``handler``, when given, is called with (messages, schema) for every call
+    after the replies run out. Each call is recorded in ``calls``; usage is counted as characters / 4.
+
+    >>> llm = ScriptedLLM([{"intent": "x"}, '{"nodes": []}'])
+    """
+
+    replies: list[Reply] = field(default_factory=list)
+    handler: Handler | None = None
+    truncate_at: int | None = None  # cut every reply to this many characters (simulates max_tokens)
+    calls: list[LLMCall] = field(default_factory=list)
+    name: str = "scripted"
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue = list(self.replies)
+
+    def extend(self, replies: Iterable[Reply]) -> None:
+        with self._lock:
+            self._queue.extend(replies)
+
+    def complete(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        schema: Mapping[str, Any] | None = None,
+        max_tokens: int = 512,
+        temperature: float = 0.0,
+    ) -> Completion:
+        with self._lock:
+            self.calls.append(LLMCall([dict(m) for m in messages], schema, max_tokens))
+            reply: Reply | None = self._queue.pop(0) if self._queue else None
+        if reply is None:
+            if self.handler is None:
+                raise LLMError("ScriptedLLM ran out of replies")
+            reply = self.handler(messages, schema)
+        if isinstance(reply, BaseException):
+            raise reply
+        text = reply if isinstance(reply, str) else json.dumps(reply)
+        truncated = self.truncate_at is not None and len(text) > self.truncate_at
+        if truncated:
+            text = text[: self.truncate_at]
+        prompt_chars = sum(len(m.get("content", "")) for m in messages)
+        return Completion(
+            text=text, usage=Usage(prompt_chars // 4, len(text) // 4), model="scripted", truncated=truncated
+        )

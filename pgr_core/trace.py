@@ -1,0 +1,187 @@
+"""What one retrieval did, round by round: the record behind ``RetrievalResult.trace``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .types import Fact
+
+__all__ = ["DroppedProbe", "FoundFact", "Probe", "RetrievalResult", "Round", "Step", "Trace", "Usage"]
+
+Phase = Literal["augment", "initial", "personalized", "query_only", "summary", "answer"]
+StopReason = Literal[
+    "delta_below_threshold",  # |Δ| < δ
+    "max_rounds",  # I_max rounds of Phase 2 ran
+    "no_new_probes",  # the prospector had no probe left that hygiene let through
+    "llm_error",  # the LLM failed; what was found so far is returned
+    "store_error",  # the store failed; what was found so far is returned
+    "query_only",  # no prospection was asked for
+]
+
+
+@dataclass
+class Step:
+    """One imagined step. In a ToT tree ``parent``/``children`` link the nodes; a CoT chain has none."""
+
+    id: str
+    text: str
+    dimension: str | None = None
+    parent: str | None = None
+    children: list[str] = field(default_factory=list)
+    round: int = 1
+
+
+@dataclass
+class Probe:
+    """A text sent to the store: the query itself, or a step's text."""
+
+    text: str
+    source: Literal["query", "step", "intent"]
+    step_id: str | None = None
+    hits: list[tuple[str, float]] = field(default_factory=list)  # (fact id, score), direct hits
+    neighbours: list[str] = field(default_factory=list)  # fact ids the window brought in
+
+
+@dataclass
+class DroppedProbe:
+    text: str
+    reason: Literal["empty", "echo_of_query", "duplicate", "over_limit"]
+    similar_to: str | None = None
+
+
+@dataclass
+class Usage:
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: Usage) -> None:
+        self.llm_calls += other.llm_calls
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.seconds += other.seconds
+
+
+@dataclass
+class Round:
+    """One store call and what led to it."""
+
+    index: int
+    phase: Phase
+    steps: list[Step] = field(default_factory=list)
+    probes: list[Probe] = field(default_factory=list)
+    dropped: list[DroppedProbe] = field(default_factory=list)
+    new_fact_ids: list[str] = field(default_factory=list)  # Δ: direct hits not seen before
+    new_neighbour_ids: list[str] = field(default_factory=list)  # window neighbours not seen before
+    store_calls: int = 0
+    prospect_seconds: float = 0.0
+    search_seconds: float = 0.0
+
+
+@dataclass
+class FoundFact:
+    """A fact in R*, with where it was first found."""
+
+    fact: Fact
+    score: float  # best cosine any probe gave it (0 for a fact only reached through the window)
+    rank_score: float  # the fused score R* is ordered by
+    round: int
+    probe: str
+    step_id: str | None = None
+    via: Literal["hit", "neighbour"] = "hit"
+    probes_hit: int = 1  # how many probes returned it directly
+
+    @property
+    def id(self) -> str:
+        return self.fact.id
+
+    @property
+    def text(self) -> str:
+        return self.fact.text
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.fact.to_dict()
+        out.update(
+            score=round(self.score, 6),
+            rank_score=round(self.rank_score, 6),
+            round=self.round,
+            probe=self.probe,
+            step_id=self.step_id,
+            via=self.via,
+            probes_hit=self.probes_hit,
+        )
+        return out
+
+
+@dataclass
+class Trace:
+    query: str
+    strategy: str
+    prospector: str
+    date: str | None = None
+    scope: dict[str, str] = field(default_factory=dict)
+    intent: str | None = None  # q_A, the augmented query
+    rounds: list[Round] = field(default_factory=list)
+    stop_reason: StopReason | None = None
+    degraded: bool = False
+    errors: list[str] = field(default_factory=list)
+    unusable_outputs: int = 0  # LLM replies that failed to parse or match the schema
+    repairs: int = 0  # repair retries made after an unusable reply
+    usage: Usage = field(default_factory=Usage)
+    usage_by_phase: dict[str, Usage] = field(default_factory=dict)
+    seconds_by_phase: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def store_calls(self) -> int:
+        return sum(r.store_calls for r in self.rounds)
+
+    @property
+    def dropped_probes(self) -> int:
+        return sum(len(r.dropped) for r in self.rounds)
+
+    @property
+    def steps(self) -> list[Step]:
+        return [s for r in self.rounds for s in r.steps]
+
+    def degrade(self, reason: StopReason, error: BaseException) -> None:
+        self.degraded = True
+        self.stop_reason = reason
+        self.errors.append(f"{type(error).__name__}: {error}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["store_calls"] = self.store_calls
+        out["dropped_probes"] = self.dropped_probes
+        out["llm_calls"] = self.usage.llm_calls
+        return out
+
+
+@dataclass
+class RetrievalResult:
+    """What :meth:`PGR.retrieve` returns: R* ranked, the prospection summary, and the trace."""
+
+    facts: list[FoundFact]
+    summary: str
+    trace: Trace
+
+    @property
+    def ids(self) -> list[str]:
+        return [f.id for f in self.facts]
+
+    @property
+    def degraded(self) -> bool:
+        return self.trace.degraded
+
+    def top(self, n: int) -> list[FoundFact]:
+        """The first ``n`` facts of R* (neighbours count), for comparisons at an equal budget."""
+        return self.facts[:n]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "facts": [f.to_dict() for f in self.facts],
+            "summary": self.summary,
+            "trace": self.trace.to_dict(),
+        }

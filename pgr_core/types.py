@@ -1,0 +1,152 @@
+"""The small value types every part of pgr speaks: scope, facts, hits, retrieval parameters Θ."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from .errors import InvalidArgumentError, ScopeError
+
+__all__ = ["Capabilities", "Fact", "Hit", "Scope", "SearchParams"]
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Whose memories a call may see: every set field must match (mem0's user/agent/run model).
+
+    At least one field must be set; pgr refuses to search without a scope.
+
+    >>> Scope(user_id="u1").allows(Scope(user_id="u1", run_id="r9"))
+    True
+    """
+
+    user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("user_id", "agent_id", "run_id"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ScopeError(f"Scope.{name} must be a non-empty string or None, got {value!r}")
+        if self.user_id is None and self.agent_id is None and self.run_id is None:
+            raise ScopeError("a Scope needs at least one of user_id, agent_id or run_id")
+
+    def allows(self, owner: Scope) -> bool:
+        """True when a fact owned by ``owner`` is visible to a caller holding this scope."""
+        return all(
+            mine is None or mine == theirs
+            for mine, theirs in (
+                (self.user_id, owner.user_id),
+                (self.agent_id, owner.agent_id),
+                (self.run_id, owner.run_id),
+            )
+        )
+
+    def as_dict(self) -> dict[str, str]:
+        """The set fields only, e.g. ``{"user_id": "u1"}`` (the shape of mem0's filters)."""
+        return {
+            k: v
+            for k, v in (("user_id", self.user_id), ("agent_id", self.agent_id), ("run_id", self.run_id))
+            if v is not None
+        }
+
+    @classmethod
+    def coerce(cls, value: Scope | Mapping[str, str] | None) -> Scope:
+        if isinstance(value, Scope):
+            return value
+        if value is None:
+            raise ScopeError("scope is required: pass scope=Scope(user_id=...) (pgr never searches unscoped)")
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"user_id", "agent_id", "run_id"}
+            if unknown:
+                raise ScopeError(f"unknown scope keys {sorted(unknown)}; use user_id, agent_id, run_id")
+            return cls(**value)
+        raise ScopeError(f"scope must be a Scope or a mapping, not {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One memory: a short text with its owner, type and dates.
+
+    ``session_id`` and ``position`` place a conversation turn in its session so a temporal window can
+    bring its neighbours; stores that do not keep turn order leave them ``None``.
+    """
+
+    id: str
+    text: str
+    scope: Scope
+    type: str | None = None
+    date: datetime | None = None  # when it was said or happened
+    updated_at: datetime | None = None
+    session_id: str | None = None
+    position: int | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "text": self.text,
+            "scope": self.scope.as_dict(),
+            "type": self.type,
+            "date": self.date.isoformat() if self.date else None,
+            "updated_at": self.updated_at.isoformat() if self.updated_at else None,
+            "session_id": self.session_id,
+            "position": self.position,
+            "metadata": dict(self.metadata),
+        }
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A fact returned for one probe. ``neighbour_of`` is set when it came in through the window."""
+
+    fact: Fact
+    score: float
+    rank: int
+    neighbour_of: str | None = None
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """Θ, the retrieval parameters of one store call.
+
+    - ``top_k``: hits per probe (the paper: 5 per probe, 20 for query-only).
+    - ``min_score``: the similarity floor τ; hits scoring below it are dropped.
+    - ``window``: temporal window w; each hit brings the ±w turns around it in its session, for stores
+      that keep turn order (``Capabilities.window``). Neighbours count toward the returned budget.
+    """
+
+    top_k: int = 5
+    min_score: float = 0.3
+    window: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+            raise InvalidArgumentError(f"top_k (K) must be an integer >= 1, got {self.top_k!r}")
+        if (
+            isinstance(self.min_score, bool)
+            or not isinstance(self.min_score, int | float)
+            or math.isnan(self.min_score)
+            or not 0.0 <= self.min_score <= 1.0
+        ):
+            raise InvalidArgumentError(f"min_score (τ) must be a number in [0, 1], got {self.min_score!r}")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
+            raise InvalidArgumentError(f"window must be an integer >= 0, got {self.window!r}")
+
+    def with_(self, **changes: Any) -> SearchParams:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a store can do, declared once; the policy and the conformance suite read it."""
+
+    writable: bool = False
+    dates: bool = False  # facts come back with their dates
+    cosine_scores: bool = False  # scores are cosine similarities in [-1, 1], so τ means what it says
+    window: bool = False  # keeps session and position, so SearchParams.window works
+    native_async: bool = False

@@ -1,0 +1,196 @@
+"""A scripted OpenAI-compatible chat server on 127.0.0.1, for testing pgr's LLM client over real HTTP.
+
+Each test queues replies (or handlers that build a reply from the request body); the server answers
+``POST /v1/chat/completions`` with them in order, falling back to ``default`` once the queue is
+empty, and records every request it receives. Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
+
+__all__ = ["LoopbackLLM", "Reply", "error", "ok"]
+
+MAX_DELAY = 2.0  # no handler sleeps longer than this, whatever a test asks
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: Any = None  # JSON-encoded unless it is bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # seconds to wait before answering (bounded by MAX_DELAY, cut short at stop())
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any  # the parsed JSON body, or the raw text when it is not JSON
+
+
+Handler = Callable[[Request], Reply]
+
+
+def ok(
+    content: str,
+    *,
+    prompt_tokens: int | None = 11,
+    completion_tokens: int | None = 7,
+    finish_reason: str = "stop",
+    model: str = "m",
+    usage: bool = True,
+) -> Reply:
+    """A successful chat completion, shaped like OpenAI's."""
+    body: dict[str, Any] = {
+        "id": "chatcmpl-x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": finish_reason,
+            }
+        ],
+    }
+    if usage:
+        body["usage"] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": (prompt_tokens or 0) + (completion_tokens or 0),
+        }
+    return Reply(200, body)
+
+
+def error(status: int, message: str = "error", headers: dict[str, str] | None = None) -> Reply:
+    """An error answer in OpenAI's (and llama.cpp's) error envelope."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    body = {"error": {"code": status, "message": message, "type": kind}}
+    return Reply(status, body, dict(headers or {}))
+
+
+class LoopbackLLM:
+    """The server. ``with LoopbackLLM() as srv:`` or ``start()`` / ``stop()``."""
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.script: deque[Reply | Handler] = deque()
+        self.default: Reply | Handler = ok("{}")
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- scripting
+    def queue(self, *replies: Reply | Handler) -> Self:
+        self.script.extend(replies)
+        return self
+
+    def bodies(self) -> list[Any]:
+        with self._lock:
+            return [r.body for r in self.requests]
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    def _next_reply(self, request: Request) -> Reply:
+        with self._lock:
+            self.requests.append(request)
+            step = self.script.popleft() if self.script else self.default
+        return step(request) if callable(step) else step
+
+    # -- lifecycle
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "server not started"
+        return self._server.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> Self:
+        owner = self
+
+        class _Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, like real servers
+            disable_nagle_algorithm = True  # headers and body go out in two writes
+            timeout = 5  # an idle kept-alive connection does not hold its thread forever
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def handle(self) -> None:
+                try:
+                    super().handle()
+                except (ConnectionError, TimeoutError):
+                    pass  # a client that dropped its connection (timeouts, closed event loops)
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body: Any = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw.decode("utf-8", "replace")
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                request = Request(self.command, self.path, headers, body)
+                if self.command != "POST" or self.path.rstrip("/") != "/v1/chat/completions":
+                    with owner._lock:
+                        owner.requests.append(request)
+                    reply = error(404, f"no route {self.command} {self.path}")
+                else:
+                    reply = owner._next_reply(request)
+                if reply.delay > 0:
+                    owner._stopping.wait(min(reply.delay, MAX_DELAY))
+                payload = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the client gave up (timeout test)
+
+            do_POST = _answer
+            do_GET = _answer
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        server.daemon_threads = True
+        server.block_on_close = False
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="loopback-llm", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()  # wakes any handler still sleeping
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        self._server = self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
