@@ -37,6 +37,7 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=1, help="take every k-th question (a spread sample)")
     ap.add_argument("--methods", default="query-only,query-only+w1,pgr-facet,pgr-facet+w1")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--set", action="append", default=[], help="PGRConfig override, e.g. --set query_weight=2")
     args = ap.parse_args()
     data_path = Path(args.data)
     if not data_path.exists():
@@ -52,6 +53,7 @@ def main() -> int:
     store.add_facts(locomo.facts)
     print(f"embedded {len(store)} turns in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
 
+    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     llm = llm_from_env()
     pgrs: dict[str, PGR] = {}
     for name in args.methods.split(","):
@@ -60,15 +62,16 @@ def main() -> int:
         if base == "query-only":
             pgrs[name] = PGR(store, strategy="facet", window=w)
         elif base == "pgr-facet":
-            pgrs[name] = PGR(store, strategy=FacetProspector(), window=w)
+            pgrs[name] = PGR(store, strategy=FacetProspector(), window=w, **overrides)
         elif base in ("pgr-cot", "pgr-tot"):
             if llm is None:
                 print(f"skipping {name}: no LLM configured (PGR_LLM_BASE_URL)", file=sys.stderr)
                 continue
-            pgrs[name] = PGR(store, llm=llm, strategy=base[4:], window=w)
+            pgrs[name] = PGR(store, llm=llm, strategy=base[4:], window=w, **overrides)
         else:
             raise SystemExit(f"unknown method {name}")
 
+    baseline = PGR(store, strategy="facet")
     rows: dict[str, dict[str, list[float]]] = {m: defaultdict(list) for m in pgrs}
     by_cat: dict[str, dict[int, list[float]]] = {m: defaultdict(list) for m in pgrs}
     cost: dict[str, dict[str, list[float]]] = {m: defaultdict(list) for m in pgrs}
@@ -85,6 +88,10 @@ def main() -> int:
                 rows[name][f"@{b}"].append(recall(ids[:b], q.evidence, len(q.unresolved)))
             rows[name]["all"].append(recall(ids, q.evidence, len(q.unresolved)))
             rows[name]["size"].append(len(ids))
+            if not name.startswith("query-only"):
+                # the baseline given the same number of facts this method returned for this question
+                same = baseline.query_only(q.question, scope=scope, date=q.date, top_k=max(len(ids), 1))
+                rows[name]["qo_same"].append(recall(same.ids, q.evidence, len(q.unresolved)))
             by_cat[name][q.category].append(recall(ids[:20], q.evidence, len(q.unresolved)))
             cost[name]["llm_calls"].append(result.trace.usage.llm_calls)
             cost[name]["tokens"].append(result.trace.usage.prompt_tokens + result.trace.usage.completion_tokens)
@@ -96,20 +103,25 @@ def main() -> int:
 
     mean = statistics.fmean
     print(f"\nLoCoMo: {len(questions)} questions with evidence; {locomo.unresolved_evidence} evidence ids unresolvable")
-    print("| method | recall@10 | recall@20 | recall@35 | recall (all) | mean facts | LLM calls | store calls | s/query |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| method | recall@10 | recall@20 | recall@35 | recall (all) | mean facts | query-only at the same size "
+        "| LLM calls | store calls | s/query |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     out = {"dataset": "locomo", "questions": len(questions), "methods": {}}
     for name in pgrs:
         r, c = rows[name], cost[name]
         print(
             f"| {name} | {mean(r['@10']):.3f} | {mean(r['@20']):.3f} | {mean(r['@35']):.3f} | {mean(r['all']):.3f} "
-            f"| {mean(r['size']):.1f} | {mean(c['llm_calls']):.2f} | {mean(c['store_calls']):.2f} "
+            f"| {mean(r['size']):.1f} | {mean(r['qo_same']) if r['qo_same'] else float('nan'):.3f} "
+            f"| {mean(c['llm_calls']):.2f} | {mean(c['store_calls']):.2f} "
             f"| {mean(c['seconds']):.3f} |"
         )
         out["methods"][name] = {
             "recall_at": {str(b): mean(r[f"@{b}"]) for b in BUDGETS},
             "recall": mean(r["all"]),
             "mean_facts": mean(r["size"]),
+            "query_only_same_size": mean(r["qo_same"]) if r["qo_same"] else None,
             "by_category_at20": {str(k): mean(v) for k, v in sorted(by_cat[name].items())},
             **{k: mean(v) for k, v in c.items()},
         }

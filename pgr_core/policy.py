@@ -48,7 +48,11 @@ class PGRConfig:
     - ``query_only_k``: K of the query-only baseline (20).
     - ``window``: temporal window w (±w turns around each hit, for stores that keep turn order).
     - ``max_facts``: cut R* to this many facts, neighbours included (None: keep all).
-    - ``query_weight``: weight of the query's own hit list when R* is ranked by fused rank.
+    - ``query_top_k``: K of the query's own probe in Phase 1 (the paper uses K = 5 for every probe;
+      20, the baseline's K, keeps the baseline's facts in R so prospection only adds to them).
+    - ``query_weight``: weight of the query's own hit list when R* is ranked by fused rank (above
+      1.32, every query hit in its top 20 outranks any fact found only by step probes, so R*'s first
+      20 facts are the baseline's and prospection adds what comes after).
     """
 
     top_k: int = 5
@@ -60,7 +64,8 @@ class PGRConfig:
     query_only_k: int = 20
     window: int = 0
     max_facts: int | None = None
-    query_weight: float = 1.0
+    query_top_k: int = 20
+    query_weight: float = 1.5
     augment: bool = True
     hygiene: Hygiene = field(default_factory=Hygiene)
 
@@ -68,6 +73,7 @@ class PGRConfig:
         self.probe_params()  # validates top_k, min_score, window
         SearchParams(self.augment_top_k, self.augment_min_score)
         SearchParams(self.query_only_k, 0.0)
+        SearchParams(self.query_top_k, 0.0)
         for name in ("delta", "max_rounds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -109,6 +115,12 @@ def _strategy_prospector(strategy: str | Prospector | None, llm: LLM | None) -> 
     if strategy == "facet":
         return FacetProspector()
     raise InvalidArgumentError(f"unknown strategy {strategy!r}: use 'tot', 'cot', 'facet' or a Prospector")
+
+
+def _cut(hits: list[Hit], top_k: int, min_score: float) -> list[Hit]:
+    """A probe's hits cut to its own K and τ; a neighbour stays exactly when its anchor does."""
+    kept_anchors = {h.fact.id for h in hits if h.neighbour_of is None and h.rank < top_k and h.score >= min_score}
+    return [h for h in hits if (h.neighbour_of or h.fact.id) in kept_anchors]
 
 
 class PGR:
@@ -284,7 +296,12 @@ class PGR:
             # the query is always probed, so a degraded result still holds its hits
             rnd.prospect_seconds = time.perf_counter() - t0
             probes = [Probe(p.query, "query"), *self._accept(p, rnd, steps)]
-            yield from self._search(p, rnd, probes, self.config.probe_params())
+            # One store call: ask for the larger K and the lower floor, then cut each list back to its
+            # own (K, τ): the query keeps the baseline's (query_top_k, no floor), steps get (K, τ).
+            cfg = self.config
+            params = cfg.probe_params().with_(top_k=max(cfg.top_k, cfg.query_top_k), min_score=0.0)
+            limits = [(cfg.query_top_k, 0.0)] + [(cfg.top_k, cfg.min_score)] * (len(probes) - 1)
+            yield from self._search(p, rnd, probes, params, limits=limits)
         return [p.found[i] for i in rnd.new_fact_ids]
 
     def _personalized_round(self, p: Prospection, new: list[FoundFact]) -> Flow:
@@ -379,14 +396,25 @@ class PGR:
         return [Probe(s.text, "step", step_id=s.id) for s in kept]
 
     def _search(
-        self, p: Prospection, rnd: Round, probes: list[Probe], params: SearchParams, *, count: bool = True
+        self,
+        p: Prospection,
+        rnd: Round,
+        probes: list[Probe],
+        params: SearchParams,
+        *,
+        count: bool = True,
+        limits: Sequence[tuple[int, float]] | None = None,
     ) -> Flow:
-        """One store call for the whole round; fold the hits into R (when ``count``)."""
+        """One store call for the whole round; fold the hits into R (when ``count``).
+
+        ``limits`` cuts each probe's list to its own (K, τ); neighbours follow their anchor."""
         t0 = time.perf_counter()
         rnd.probes.extend(probes)
         rnd.store_calls += 1
         hit_lists: list[list[Hit]] = yield Search([pr.text for pr in probes], params, p.scope)
         rnd.search_seconds += time.perf_counter() - t0
+        if limits is not None:
+            hit_lists = [_cut(hits, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)]
         for probe, hits in zip(probes, hit_lists, strict=True):
             probe.hits = [(h.fact.id, round(h.score, 6)) for h in hits if h.neighbour_of is None]
             probe.neighbours = [h.fact.id for h in hits if h.neighbour_of is not None]
@@ -400,6 +428,8 @@ class PGR:
         for hit in hits:
             if p.date is not None and hit.fact.date is not None:
                 check_same_kind(hit.fact.date, p.date, a_name=f"fact {hit.fact.id!r}'s date", b_name="the query date")
+            # reciprocal rank, max over probes: a fact is as good as its best placement, so many
+            # look-alike probes hitting the same generic fact cannot push it above the query's hits
             fused = weight / (_RRF_K + hit.rank + (0.5 if hit.neighbour_of else 0.0))
             known = p.found.get(hit.fact.id)
             if known is None:
@@ -415,7 +445,7 @@ class PGR:
                 )
                 (rnd.new_neighbour_ids if hit.neighbour_of else rnd.new_fact_ids).append(hit.fact.id)
                 continue
-            known.rank_score += fused
+            known.rank_score = max(known.rank_score, fused)
             if hit.neighbour_of is None:
                 known.probes_hit += 1
                 known.score = max(known.score, hit.score)
@@ -425,7 +455,7 @@ class PGR:
                     rnd.new_fact_ids.append(hit.fact.id)
 
     def _ranked(self, p: Prospection) -> list[FoundFact]:
-        """R* by fused rank: facts that several probes rank high come first."""
+        """R* by fused rank: each fact at its best weighted reciprocal rank over all probes, ties by cosine."""
         facts = sorted(p.found.values(), key=lambda f: (-f.rank_score, -f.score))
         return facts[: self.config.max_facts] if self.config.max_facts else facts
 

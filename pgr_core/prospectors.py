@@ -99,15 +99,16 @@ class Prospector(ABC):
         yield  # pragma: no cover
 
 
-def plain_summary(p: Prospection, per_step: int = 2) -> str:
-    """An LLM-free summary: the steps that surfaced facts, and the best facts each surfaced."""
+def plain_summary(p: Prospection, per_step: int = 1, max_steps: int = 5) -> str:
+    """An LLM-free summary: the steps that surfaced the most facts, and the best fact of each."""
     by_step: dict[str | None, list[FoundFact]] = {}
     for found in p.found.values():
         if found.via == "hit":
             by_step.setdefault(found.step_id, []).append(found)
     parts = []
     steps = {s.id: s for s in p.steps}
-    for step_id, facts in by_step.items():
+    ranked = sorted(by_step.items(), key=lambda kv: (kv[0] is not None, -len(kv[1])))
+    for step_id, facts in ranked[: max_steps + 1]:
         facts.sort(key=lambda f: -f.score)
         quoted = "; ".join(f'"{f.text}"' for f in facts[:per_step])
         if step_id is None:
@@ -118,6 +119,8 @@ def plain_summary(p: Prospection, per_step: int = 2) -> str:
             parts.append(f'Step "{s.text}"{label} surfaced {len(facts)} fact(s), e.g. {quoted}.')
     if not parts:
         return "Nothing in memory bears on this request."
+    if len(ranked) > max_steps + 1:
+        parts.append(f"{len(ranked) - max_steps - 1} more step(s) surfaced facts; see the trace.")
     return " ".join(parts)
 
 
@@ -335,13 +338,24 @@ _STOP = frozenset(
     know think thought want wanted need needs say said tell told see seen look looking good great nice
     one two time times day days year years new last next first since ago always never maybe sure
     definitely totally pretty kind sort im i'm it's that's don't didn't can't you're i've i'd i'll
-    thanks thank hey hi wow cool awesome amazing glad happy love loved""".split()
+    thanks thank hey hi wow cool awesome amazing glad happy love loved yep yup nope wanna gotta gonna
+    absolutely y'all ya lol haha hmm um uh btw anyway anyways super totally stuff guess feel felt feels
+    appreciate especially actually literally honestly seriously basically whole every lots able sounds
+    keep kept getting went come came take took give gave find found put let's isn't aren't wasn't
+    there's they're they've we're we've i'll you'll you've couldn't wouldn't shouldn't doesn't won't
+    real special moments bit little big right left glad fun""".split()
 )
 _WORD = re.compile(r"[A-Za-z][\w'-]*", re.UNICODE)
 
 
 def _content_words(text: str) -> list[str]:
-    return [w for w in _WORD.findall(text) if w.lower() not in _STOP and len(w) > 2]
+    return [w for w in _WORD.findall(text) if w.lower() not in _STOP and len(w) > 3 and "'" not in w]
+
+
+_CALENDAR = frozenset(
+    """monday tuesday wednesday thursday friday saturday sunday january february march april may june
+    july august september october november december christmas easter""".split()
+)
 
 
 def _entities(text: str) -> list[str]:
@@ -349,7 +363,7 @@ def _entities(text: str) -> list[str]:
     words = _WORD.findall(text)
     out = []
     for i, w in enumerate(words):
-        if w[0].isupper() and w.lower() not in _STOP and (i > 0 or len(words) == 1):
+        if w[0].isupper() and w.lower() not in _STOP | _CALENDAR and (i > 0 or len(words) == 1):
             out.append(w)
     return list(dict.fromkeys(out))
 
@@ -373,6 +387,7 @@ class FacetProspector(Prospector):
         terms_per_probe: int = 4,
         probes_per_round: int = 6,
         topic_words: int = 0,
+        min_source_score: float = 0.35,
     ) -> None:
         if terms_per_probe < 1 or probes_per_round < 1 or topic_words < 0:
             raise InvalidArgumentError("terms_per_probe and probes_per_round must be >= 1, topic_words >= 0")
@@ -380,6 +395,7 @@ class FacetProspector(Prospector):
         self.terms_per_probe = terms_per_probe
         self.probes_per_round = probes_per_round
         self.topic_words = topic_words
+        self.min_source_score = min_source_score
 
     def _subject(self, query: str) -> str:
         names = _entities(query)
@@ -403,7 +419,10 @@ class FacetProspector(Prospector):
         names = _entities(p.query)
         parents = {s.id: s for s in p.steps}
         steps: list[Step] = []
-        for found in sorted((f for f in new if f.via == "hit"), key=lambda f: -f.score):
+        # Ground the next round in what the steps found, best matches first. The query's own hits are
+        # left out: following them only drifts further along the query's look-alikes.
+        sources = [f for f in new if f.via == "hit" and f.step_id is not None and f.score >= self.min_source_score]
+        for found in sorted(sources, key=lambda f: -f.score):
             words = [w for w in dict.fromkeys(_content_words(found.text)) if w.lower() not in query_words]
             fresh = [w for w in words if w.lower() not in used] or words
             fresh.sort(key=lambda w: doc_freq[w.lower()])
