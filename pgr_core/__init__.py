@@ -33,13 +33,11 @@ from .types import Capabilities, Fact, Hit, Scope, SearchParams
 __version__ = "0.1.0"
 
 __all__ = [
-    "DIMENSIONS",
-    "LLM",
-    "PGR",
     "Answer",
     "Capabilities",
     "Completion",
     "ConfigurationError",
+    "DIMENSIONS",
     "DroppedProbe",
     "Embedder",
     "FacetProspector",
@@ -50,6 +48,7 @@ __all__ = [
     "Hygiene",
     "InMemoryStore",
     "InvalidArgumentError",
+    "LLM",
     "LLMConnectionError",
     "LLMError",
     "LLMOutputError",
@@ -58,6 +57,7 @@ __all__ = [
     "LLMTimeoutError",
     "MiniLMEmbedder",
     "OpenAICompatible",
+    "PGR",
     "PGRConfig",
     "PGRError",
     "Probe",

