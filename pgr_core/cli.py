@@ -214,7 +214,12 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--strategy", choices=["tot", "cot", "facet"], default=None, help="prospection (default: tot with an LLM, facet without)")
+    p.add_argument(
+        "--strategy",
+        choices=["tot", "cot", "facet"],
+        default=None,
+        help="prospection (default: tot with an LLM, facet without)",
+    )
     p.add_argument("--no-llm", action="store_true", help="ignore any configured LLM (FacetProspector)")
     p.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
     p.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")

