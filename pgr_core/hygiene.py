@@ -22,6 +22,9 @@ class Hygiene:
     - ``max_probes``: at most this many step probes per round.
     - ``echo_threshold``: a step whose cosine to the query reaches this only repeats the query.
     - ``duplicate_threshold``: a step this close to an earlier probe (this round or before) is dropped.
+    - ``strip_query_words``: remove the query's own lower-case words (4+ letters) from each probe, so a
+      step like "find a soccer league near work" probes "find a near work": the query's words dominate
+      an embedding, and the query has been probed already. Names (capitalised words) stay.
     Without an embedder, word-set overlap (Jaccard) stands in for cosine.
     """
 
@@ -29,6 +32,19 @@ class Hygiene:
     max_probes: int = 8
     echo_threshold: float = 0.9
     duplicate_threshold: float = 0.9
+    strip_query_words: bool = False
+
+
+def _stem(word: str) -> str:
+    word = word.lower().removesuffix("'s")
+    return word[:-1] if word.endswith("s") and len(word) > 4 else word
+
+
+def strip_words(text: str, query: str) -> str:
+    """``text`` without the query's lower-case content words (names and short words kept)."""
+    banned = {_stem(w) for w in _WORD.findall(query) if len(w) >= 4 and not w[0].isupper()}
+    kept = [w for w in text.split() if _stem(w.strip(".,;:!?()\"'")) not in banned]
+    return " ".join(kept)
 
 
 def _normal(text: str) -> str:
@@ -50,23 +66,25 @@ def clean_steps(
 ) -> tuple[list[Step], list[DroppedProbe]]:
     """Keep the steps whose text is a usable probe; say why each other one was dropped.
 
-    ``earlier`` holds the probes already sent (earlier rounds and the query's own); a kept step's text
-    is trimmed to ``rules.max_words`` words.
+    ``earlier`` holds the probes already sent (earlier rounds and the query's own). Each kept step's
+    ``probe`` is set: its text, query words stripped when asked, cut to ``rules.max_words`` words.
     """
     dropped: list[DroppedProbe] = []
     candidates: list[Step] = []
     for step in steps:
-        words = step.text.split()
-        if not _normal(step.text):
+        step.probe = strip_words(step.text, query) if rules.strip_query_words else step.text
+        words = step.probe.split()
+        if not _normal(step.probe) or (rules.strip_query_words and not any(len(w) >= 4 for w in words)):
             dropped.append(DroppedProbe(step.text, "empty"))
+            step.probe = None
             continue
         if len(words) > rules.max_words:
-            step.text = " ".join(words[: rules.max_words])
+            step.probe = " ".join(words[: rules.max_words])
         candidates.append(step)
     if not candidates:
         return [], dropped
 
-    texts = [s.text for s in candidates]
+    texts = [s.probe or s.text for s in candidates]
     if embedder is not None:
         matrix = embedder.embed([query, *earlier, *texts])
         q_vec, earlier_vecs, cand_vecs = matrix[0], matrix[1 : 1 + len(earlier)], matrix[1 + len(earlier) :]
@@ -93,16 +111,19 @@ def clean_steps(
     kept: list[int] = []
     seen_exact = {_normal(e) for e in earlier}
     for i, step in enumerate(candidates):
-        norm = _normal(step.text)
+        norm = _normal(texts[i])
         if norm == _normal(query) or to_query(i) >= rules.echo_threshold:
             dropped.append(DroppedProbe(step.text, "echo_of_query", similar_to=query))
+            step.probe = None
             continue
         best, similar = to_others(i, kept)
         if norm in seen_exact or best >= rules.duplicate_threshold:
             dropped.append(DroppedProbe(step.text, "duplicate", similar_to=similar))
+            step.probe = None
             continue
         if len(kept) >= rules.max_probes:
             dropped.append(DroppedProbe(step.text, "over_limit"))
+            step.probe = None
             continue
         kept.append(i)
         seen_exact.add(norm)

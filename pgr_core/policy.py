@@ -393,7 +393,7 @@ class PGR:
         rnd.dropped.extend(dropped)
         rnd.steps.extend(steps)
         p.steps.extend(steps)
-        return [Probe(s.text, "step", step_id=s.id) for s in kept]
+        return [Probe(s.probe or s.text, "step", step_id=s.id) for s in kept]
 
     def _search(
         self,

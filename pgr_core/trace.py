@@ -30,6 +30,7 @@ class Step:
     parent: str | None = None
     children: list[str] = field(default_factory=list)
     round: int = 1
+    probe: str | None = None  # the text sent to the store, after hygiene (None: not probed)
 
 
 @dataclass
