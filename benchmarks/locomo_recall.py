@@ -76,6 +76,16 @@ def main() -> int:
     by_cat: dict[str, dict[int, list[float]]] = {m: defaultdict(list) for m in pgrs}
     cost: dict[str, dict[str, list[float]]] = {m: defaultdict(list) for m in pgrs}
     started = time.perf_counter()
+    # how close each question's nearest evidence turn is to it: the lowest third are the "hard" ones,
+    # where the answer shares least with the question
+    q_vecs = store.embedder.embed([q.question for q in questions])
+    closeness = []
+    for vec, q in zip(q_vecs, questions, strict=True):
+        evidence_rows = [store._ids[e] for e in q.evidence]
+        closeness.append(float(max(store._vectors[evidence_rows] @ vec)) if evidence_rows else -1.0)
+    hard = set(sorted(range(len(questions)), key=lambda i: closeness[i])[: len(questions) // 3])
+    hard_rows: dict[str, list[float]] = {m: [] for m in pgrs}
+
     for n, q in enumerate(questions, 1):
         scope = locomo.scope_of(q)
         for name, pgr in pgrs.items():
@@ -93,6 +103,8 @@ def main() -> int:
                 same = baseline.query_only(q.question, scope=scope, date=q.date, top_k=max(len(ids), 1))
                 rows[name]["qo_same"].append(recall(same.ids, q.evidence, len(q.unresolved)))
             by_cat[name][q.category].append(recall(ids[:20], q.evidence, len(q.unresolved)))
+            if n - 1 in hard:
+                hard_rows[name].append(recall(ids[:20], q.evidence, len(q.unresolved)))
             cost[name]["llm_calls"].append(result.trace.usage.llm_calls)
             cost[name]["tokens"].append(result.trace.usage.prompt_tokens + result.trace.usage.completion_tokens)
             cost[name]["store_calls"].append(result.trace.store_calls)
@@ -105,15 +117,16 @@ def main() -> int:
     print(f"\nLoCoMo: {len(questions)} questions with evidence; {locomo.unresolved_evidence} evidence ids unresolvable")
     print(
         "| method | recall@10 | recall@20 | recall@35 | recall (all) | mean facts | query-only at the same size "
-        "| LLM calls | store calls | s/query |"
+        "| recall@20, hard third | LLM calls | store calls | s/query |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     out = {"dataset": "locomo", "questions": len(questions), "methods": {}}
     for name in pgrs:
         r, c = rows[name], cost[name]
         print(
             f"| {name} | {mean(r['@10']):.3f} | {mean(r['@20']):.3f} | {mean(r['@35']):.3f} | {mean(r['all']):.3f} "
             f"| {mean(r['size']):.1f} | {mean(r['qo_same']) if r['qo_same'] else float('nan'):.3f} "
+            f"| {mean(hard_rows[name]) if hard_rows[name] else float('nan'):.3f} "
             f"| {mean(c['llm_calls']):.2f} | {mean(c['store_calls']):.2f} "
             f"| {mean(c['seconds']):.3f} |"
         )
@@ -122,6 +135,7 @@ def main() -> int:
             "recall": mean(r["all"]),
             "mean_facts": mean(r["size"]),
             "query_only_same_size": mean(r["qo_same"]) if r["qo_same"] else None,
+            "recall_at_20_hard_third": mean(hard_rows[name]) if hard_rows[name] else None,
             "by_category_at20": {str(k): mean(v) for k, v in sorted(by_cat[name].items())},
             **{k: mean(v) for k, v in c.items()},
         }

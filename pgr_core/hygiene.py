@@ -85,8 +85,13 @@ def clean_steps(
         return [], dropped
 
     texts = [s.probe or s.text for s in candidates]
+    matrix = None
     if embedder is not None:
-        matrix = embedder.embed([query, *earlier, *texts])
+        try:
+            matrix = embedder.embed([query, *earlier, *texts])
+        except Exception:  # noqa: BLE001 - hygiene must not fail a retrieval: compare by words instead
+            matrix = None
+    if matrix is not None:
         q_vec, earlier_vecs, cand_vecs = matrix[0], matrix[1 : 1 + len(earlier)], matrix[1 + len(earlier) :]
 
         def to_query(i: int) -> float:
