@@ -204,7 +204,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     from . import plugins
 
     registry = plugins.load()
-    print("plugins: " + ", ".join(registry.plugins))
+    print("plugins:")
+    for name, usable, note in registry.status():
+        print(f"  {name:<12} {'usable' if usable else 'NOT usable'}{'  (' + note + ')' if note else ''}")
     for kind in ("stores", "llms", "embedders"):
         print(f"{kind}: " + ", ".join(sorted(getattr(registry, kind))))
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from importlib import metadata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -26,6 +27,23 @@ class Registry:
     llms: dict[str, Callable[..., Any]] = field(default_factory=dict)
     embedders: dict[str, Callable[..., Any]] = field(default_factory=dict)
     plugins: list[str] = field(default_factory=list)
+    modules: dict[str, ModuleType] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # entry point -> why it did not load
+
+    def status(self) -> list[tuple[str, bool, str]]:
+        """(plugin, usable here, note) for every plugin: usable when the framework it needs imports.
+
+        A plugin module may declare ``REQUIRES`` (module names) and ``EXTRA`` (the pgr extra)."""
+        import importlib.util
+
+        rows = []
+        for name, module in self.modules.items():
+            missing = [m for m in getattr(module, "REQUIRES", ()) if importlib.util.find_spec(m) is None]
+            extra = getattr(module, "EXTRA", None)
+            note = f"missing {', '.join(missing)}: pip install 'pgr[{extra}]'" if missing and extra else ""
+            rows.append((name, not missing, note or ("missing " + ", ".join(missing) if missing else "")))
+        rows += [(name, False, f"failed to load: {why}") for name, why in self.failed.items()]
+        return rows
 
     def store(self, name: str, **options: Any) -> Any:
         return self._make("store", self.stores, name, options)
@@ -50,19 +68,29 @@ def load(extra: Iterable[ModuleType] = (), *, entry_points: bool = True) -> Regi
     load; unset, all do."""
     pm = pluggy.PluginManager(GROUP)
     pm.add_hookspecs(hookspecs)
+    registry = Registry()
     if entry_points:
         wanted = os.environ.get("PGR_LOAD_PLUGINS")
-        if wanted is None:
-            pm.load_setuptools_entrypoints(GROUP)
-        else:
-            for name in [n.strip() for n in wanted.split(",") if n.strip()]:
-                pm.load_setuptools_entrypoints(GROUP, name=name)
+        chosen = None if wanted is None else {n.strip() for n in wanted.split(",") if n.strip()}
+        for ep in metadata.entry_points(group=GROUP):
+            if chosen is not None and ep.name not in chosen:
+                continue
+            try:
+                module = ep.load()
+            except Exception as exc:  # noqa: BLE001 - one broken plugin must not take the others down
+                registry.failed[ep.name] = f"{type(exc).__name__}: {exc}"
+                continue
+            if not pm.is_registered(module):
+                pm.register(module, name=ep.name)
+                registry.modules[ep.name] = module
     if not pm.is_registered(builtin):  # the ``memory`` entry point is the built-in module itself
         pm.register(builtin, name="memory")
+        registry.modules["memory"] = builtin
     for module in extra:
         if not pm.is_registered(module):
             pm.register(module)
-    registry = Registry(plugins=[pm.get_name(p) or repr(p) for p in pm.get_plugins()])
+            registry.modules[module.__name__] = module
+    registry.plugins = [pm.get_name(p) or repr(p) for p in pm.get_plugins()]
 
     def into(table: dict[str, Callable[..., Any]]) -> hookspecs.Register:
         def register(name: str, factory: Callable[..., Any]) -> None:
