@@ -1,0 +1,813 @@
+"""Qdrant as a pgr store: an existing collection, searched one round trip per PGR round.
+
+:class:`QdrantStore` wraps a collection as it is. It reads the collection's layout once (which vector
+to query, which payload key holds the text, whether points carry a session and a position) and never
+creates, re-indexes or rewrites anything on search. Each round of probes is one embedding call and
+one ``query_batch_points`` call, with the caller's scope as a payload filter on every request; the
+temporal window adds one ``scroll`` for the neighbours of that round's hits.
+
+Payload layout read (and written by :meth:`QdrantStore.upsert_facts`)::
+
+    text_key ("text" when writing; found automatically when reading: data, text, content, ...)
+    user_id / agent_id / run_id     the owner (names mapped by ``scope_fields``)
+    date, created_at, updated_at    ISO dates (mem0 writes created_at / updated_at)
+    session_id, position            the turn's place in its session (for the window)
+    type, fact_id                   the fact's type; its pgr id when that is not the point id
+    anything else                   Fact.metadata
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, cast
+
+import numpy as np
+from qdrant_client import AsyncQdrantClient, QdrantClient
+from qdrant_client import models as qm
+from qdrant_client.local.async_qdrant_local import AsyncQdrantLocal
+from qdrant_client.local.qdrant_local import QdrantLocal
+
+from pgr_core._dates import parse_date
+from pgr_core.embedders import Embedder
+from pgr_core.errors import ConfigurationError, InvalidArgumentError, PGRError, ScopeError, StoreError
+from pgr_core.store import Store, validate_probes
+from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams
+
+__all__ = ["DEFAULT_SCOPE_FIELDS", "TEXT_KEYS", "CollectionLayout", "QdrantStore"]
+
+#: pgr scope field -> payload key; mem0 stores its owner ids under these very names.
+DEFAULT_SCOPE_FIELDS: Mapping[str, str] = {"user_id": "user_id", "agent_id": "agent_id", "run_id": "run_id"}
+#: Payload keys tried, in order, for the text: mem0, common defaults, LangChain, fastembed, others.
+TEXT_KEYS = ("data", "text", "content", "page_content", "document", "memory")
+NODE_CONTENT = "_node_content"  # LlamaIndex keeps the serialised node (text included) under this key
+FACT_ID_KEY = "fact_id"
+UPDATED_AT_KEY = "updated_at"
+TYPE_KEY = "type"
+_LLAMA_BOOKKEEPING = (NODE_CONTENT, "_node_type")
+_SAMPLE = 32  # points read to learn the payload layout
+_UPSERT_CHUNK = 256
+# Fact ids that are neither UUIDs nor unsigned ints become UUID5s in this namespace.
+_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://pgr/qdrant/fact-id")
+
+
+@dataclass(frozen=True)
+class CollectionLayout:
+    """What :class:`QdrantStore` learned about a collection: the vector to query and the payload keys.
+
+    ``text_key`` is ``None`` only while the collection is empty and no key was given.
+    """
+
+    vector_name: str | None  # None: the collection's single unnamed vector
+    dim: int
+    distance: qm.Distance
+    text_key: str | None
+    window: bool  # points carry session and position, so SearchParams.window works
+    keys_seen: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A direct hit with the raw session/position payload values its neighbour filter needs."""
+
+    hit: Hit
+    session: Any
+    position: int | None
+
+
+class QdrantStore(Store):
+    """An existing Qdrant collection as a pgr :class:`~pgr_core.store.Store`.
+
+    >>> client = QdrantClient(url="http://localhost:6333")          # doctest: +SKIP
+    >>> store = QdrantStore(client, "memories", embedder=MiniLMEmbedder())  # doctest: +SKIP
+    >>> PGR(store).retrieve("Should I join a league?", scope=Scope(user_id="alice"))  # doctest: +SKIP
+
+    - ``client``: a ``QdrantClient`` or ``AsyncQdrantClient``, local (``":memory:"``, ``path=``) or by URL.
+    - ``embedder``: the embedder that filled the collection (its ``dim`` must match the vector's size).
+    - ``text_key`` / ``vector_name``: found from the collection when not given (a single named or
+      unnamed dense vector; the first of :data:`TEXT_KEYS` or LlamaIndex's ``_node_content`` found
+      in a sample of points). :class:`ConfigurationError` says what was tried when that fails.
+    - ``scope_fields``: pgr scope field -> payload key (default: the same names). A scope that sets
+      a field with no key mapped raises :class:`ScopeError`; pgr never searches with a looser filter.
+    - ``session_key`` / ``position_key``: payload keys placing a turn in its session. ``window``:
+      ``None`` detects them in the sampled points; ``True`` / ``False`` declares it.
+    - ``date_keys``: payload keys tried, in order, for the fact's date.
+
+    Sync and async: with a ``QdrantClient``, :meth:`asearch_batch` runs the sync search in a thread.
+    With an ``AsyncQdrantClient``, :meth:`asearch_batch` awaits it natively; the sync methods run it to
+    completion on a private event loop when the client is local, and raise ``ConfigurationError`` when
+    it is remote (its connections belong to the loop that opened them: use ``PGR.aretrieve``, or pass a
+    ``QdrantClient`` for sync use). A remote async client's layout is read on the first async call,
+    or by ``await store.ainspect()``.
+
+    Scores are the collection's own: cosine similarities for a Cosine collection
+    (``capabilities.cosine_scores``); dot products for Dot; minus the distance for Euclid and
+    Manhattan, where τ (``min_score``) is not applied because it is defined on cosine.
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities(writable=True, dates=True)
+
+    def __init__(
+        self,
+        client: QdrantClient | AsyncQdrantClient,
+        collection: str,
+        *,
+        embedder: Embedder,
+        text_key: str | None = None,
+        vector_name: str | None = None,
+        scope_fields: Mapping[str, str] | None = None,
+        session_key: str = "session_id",
+        position_key: str = "position",
+        date_keys: Sequence[str] = ("date", "created_at"),
+        window: bool | None = None,
+    ) -> None:
+        if not isinstance(client, QdrantClient | AsyncQdrantClient):
+            raise ConfigurationError(
+                f"client must be a qdrant_client.QdrantClient or AsyncQdrantClient, not {type(client).__name__}"
+            )
+        if not isinstance(collection, str) or not collection:
+            raise ConfigurationError(f"collection must be a non-empty collection name, got {collection!r}")
+        if embedder is None or not hasattr(embedder, "embed") or not hasattr(embedder, "dim"):
+            raise ConfigurationError("QdrantStore needs the embedder that filled the collection: embedder=...")
+        self.client = client
+        self.collection = collection
+        self.embedder = embedder
+        self.scope_fields = _check_scope_fields(scope_fields)
+        self.session_key = session_key
+        self.position_key = position_key
+        self.date_keys = tuple(date_keys)
+        self._text_key = text_key
+        self._vector_name = vector_name
+        self._declared_window = window
+        self._async = isinstance(client, AsyncQdrantClient)
+        self._local = isinstance(getattr(client, "_client", None), QdrantLocal | AsyncQdrantLocal)
+        self._layout: CollectionLayout | None = None
+        self.capabilities = Capabilities(writable=True, dates=True, native_async=self._async)  # type: ignore[misc]
+        if not self._async or self._local:
+            self.inspect()  # learn the layout now, so set-up errors surface at construction
+
+    def __repr__(self) -> str:
+        return f"QdrantStore(collection={self.collection!r}, layout={self._layout!r})"
+
+    @property
+    def _sync(self) -> QdrantClient:
+        return cast(QdrantClient, self.client)
+
+    @property
+    def _aio(self) -> AsyncQdrantClient:
+        return cast(AsyncQdrantClient, self.client)
+
+    # ================================================================== the collection's layout
+
+    @property
+    def layout(self) -> CollectionLayout:
+        if self._layout is None:
+            raise ConfigurationError(
+                "the collection's layout is not read yet (remote async client): await store.ainspect() "
+                "or make an async call first"
+            )
+        return self._layout
+
+    def inspect(self) -> CollectionLayout:
+        """Read the collection's config and a sample of points; returns (and keeps) the layout."""
+        if self._async:
+            return self._blocking(self.ainspect())
+        with self._backend("reading the collection"):
+            info = self._sync.get_collection(self.collection)
+            records, _ = self._sync.scroll(self.collection, limit=_SAMPLE, with_payload=True)
+        return self._set_layout(self._read_layout(info, records))
+
+    async def ainspect(self) -> CollectionLayout:
+        """Async twin of :meth:`inspect`."""
+        if not self._async:
+            return await asyncio.to_thread(self.inspect)
+        async with self._abackend("reading the collection"):
+            info = await self._aio.get_collection(self.collection)
+            records, _ = await self._aio.scroll(self.collection, limit=_SAMPLE, with_payload=True)
+        return self._set_layout(self._read_layout(info, records))
+
+    def _read_layout(self, info: Any, records: Sequence[Any]) -> CollectionLayout:
+        vector_name, params = self._pick_vector(info.config.params.vectors)
+        if params.size != self.embedder.dim:
+            raise ConfigurationError(
+                f"collection {self.collection!r} holds {params.size}-dim vectors"
+                f"{f' under {vector_name!r}' if vector_name else ''}, but the embedder "
+                f"{getattr(self.embedder, 'name', type(self.embedder).__name__)} gives {self.embedder.dim}: "
+                "pass the embedder that filled the collection"
+            )
+        payloads = [r.payload or {} for r in records]
+        seen = tuple(sorted({k for p in payloads for k in p}))
+        text_key = self._pick_text_key(payloads, seen)
+        if self._declared_window is not None:
+            window = self._declared_window
+        else:
+            window = any(self.session_key in p and self.position_key in p for p in payloads)
+        return CollectionLayout(vector_name, params.size, params.distance, text_key, window, seen)
+
+    def _pick_vector(self, vectors: Any) -> tuple[str | None, Any]:
+        if isinstance(vectors, qm.VectorParams):  # one unnamed vector
+            if self._vector_name:
+                raise ConfigurationError(
+                    f"collection {self.collection!r} has one unnamed vector, not {self._vector_name!r}: "
+                    "leave vector_name unset"
+                )
+            return None, vectors
+        named = dict(vectors or {})
+        if self._vector_name is not None:
+            if self._vector_name not in named:
+                raise ConfigurationError(
+                    f"collection {self.collection!r} has no vector named {self._vector_name!r}; "
+                    f"its vectors are {sorted(named)}"
+                )
+            return self._vector_name, named[self._vector_name]
+        if "" in named and len(named) == 1:
+            return None, named[""]
+        if len(named) == 1:
+            return next(iter(named.items()))
+        if not named:
+            raise ConfigurationError(f"collection {self.collection!r} has no dense vector to search")
+        raise ConfigurationError(
+            f"collection {self.collection!r} has several named vectors {sorted(named)}; choose one with vector_name=..."
+        )
+
+    def _pick_text_key(self, payloads: list[dict[str, Any]], seen: tuple[str, ...]) -> str | None:
+        if not payloads:  # an empty collection: writes will use "text" unless told otherwise
+            return self._text_key
+        if self._text_key is not None:
+            if not any(_text_of(p, self._text_key) for p in payloads):
+                raise ConfigurationError(
+                    f"no text under payload key {self._text_key!r} in {len(payloads)} sampled points of "
+                    f"collection {self.collection!r}; their keys are {list(seen)}: pass text_key=<one of them>"
+                )
+            return self._text_key
+        for key in (*TEXT_KEYS, NODE_CONTENT):
+            if any(_text_of(p, key) for p in payloads):
+                return key
+        raise ConfigurationError(
+            f"cannot tell which payload key of collection {self.collection!r} holds the text: tried "
+            f"{[*TEXT_KEYS, NODE_CONTENT + ' (LlamaIndex JSON)']} on {len(payloads)} sampled points, whose "
+            f"keys are {list(seen)}; pass text_key=..."
+        )
+
+    def _set_layout(self, layout: CollectionLayout) -> CollectionLayout:
+        self._layout = layout
+        self.capabilities = Capabilities(  # type: ignore[misc]
+            writable=True,
+            dates=True,
+            cosine_scores=layout.distance == qm.Distance.COSINE,
+            window=layout.window,
+            native_async=self._async,
+        )
+        return layout
+
+    # ================================================================== searching
+
+    def search_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
+        """One embedding call and one ``query_batch_points`` call for every probe (plus one ``scroll``
+        for the neighbours when ``params.window`` > 0 and the collection keeps turn order)."""
+        if self._async:
+            return self._blocking(self.asearch_batch(probes, scope=scope, params=params))
+        probes, condition = self._prepare(probes, scope)
+        if not probes:
+            return []
+        layout = self._layout if self._layout and self._layout.text_key else self.inspect()
+        if layout.text_key is None:  # still empty
+            return [[] for _ in probes]
+        requests = self._requests(self.embedder.embed(probes), condition, params)
+        with self._backend("query_batch_points"):
+            responses = self._sync.query_batch_points(self.collection, requests=requests)
+        direct = self._direct(responses)
+        neighbours = self._neighbour_filter(direct, condition, params)
+        records: list[Any] = []
+        if neighbours is not None:
+            flt, limit = neighbours
+            offset = None
+            with self._backend("scroll (window)"):
+                while True:  # one page unless many facts share a session position
+                    page, offset = self._sync.scroll(
+                        self.collection, scroll_filter=flt, limit=limit, offset=offset, with_payload=True
+                    )
+                    records.extend(page)
+                    if offset is None:
+                        break
+        return self._assemble(direct, records, params.window if neighbours else 0)
+
+    async def asearch_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
+        """Async twin of :meth:`search_batch`: native with an ``AsyncQdrantClient``, a thread otherwise."""
+        if not self._async:
+            return await asyncio.to_thread(self.search_batch, probes, scope=scope, params=params)
+        probes, condition = self._prepare(probes, scope)
+        if not probes:
+            return []
+        layout = self._layout if self._layout and self._layout.text_key else await self.ainspect()
+        if layout.text_key is None:
+            return [[] for _ in probes]
+        vectors = await asyncio.to_thread(self.embedder.embed, probes)
+        requests = self._requests(vectors, condition, params)
+        async with self._abackend("query_batch_points"):
+            responses = await self._aio.query_batch_points(self.collection, requests=requests)
+        direct = self._direct(responses)
+        neighbours = self._neighbour_filter(direct, condition, params)
+        records: list[Any] = []
+        if neighbours is not None:
+            flt, limit = neighbours
+            offset = None
+            async with self._abackend("scroll (window)"):
+                while True:
+                    page, offset = await self._aio.scroll(
+                        self.collection, scroll_filter=flt, limit=limit, offset=offset, with_payload=True
+                    )
+                    records.extend(page)
+                    if offset is None:
+                        break
+        return self._assemble(direct, records, params.window if neighbours else 0)
+
+    # -- the steps of one search, shared by the sync and async paths
+
+    def _prepare(self, probes: Sequence[str], scope: Scope) -> tuple[list[str], list[qm.Condition]]:
+        return validate_probes(probes), self.scope_conditions(Scope.coerce(scope))
+
+    def scope_conditions(self, scope: Scope) -> list[qm.Condition]:
+        """The payload conditions every request carries: one ``MatchValue`` per set scope field.
+
+        Raises :class:`ScopeError` when the scope sets a field that no payload key is mapped to."""
+        conditions: list[qm.Condition] = []
+        for field, value in scope.as_dict().items():
+            key = self.scope_fields.get(field)
+            if key is None:
+                raise ScopeError(
+                    f"the scope sets {field}={value!r}, but this QdrantStore maps no payload key to {field} "
+                    f"(scope_fields={dict(self.scope_fields)}); add scope_fields[{field!r}]=<payload key> or "
+                    f"drop {field} from the scope. pgr never searches with a looser filter."
+                )
+            conditions.append(qm.FieldCondition(key=key, match=qm.MatchValue(value=value)))
+        return conditions
+
+    def _requests(self, vectors: np.ndarray, condition: list[qm.Condition], params: SearchParams) -> list[Any]:
+        layout = self.layout
+        # τ is a cosine floor: meaningful for Cosine (and Dot on unit vectors), not for distances
+        threshold = params.min_score if layout.distance in (qm.Distance.COSINE, qm.Distance.DOT) else None
+        return [
+            qm.QueryRequest(
+                query=np.asarray(vector, dtype=np.float32).tolist(),
+                using=layout.vector_name,
+                filter=qm.Filter(must=list(condition)),
+                limit=params.top_k,
+                score_threshold=threshold,
+                with_payload=True,  # QueryRequest's default (None) returns no payload at all
+            )
+            for vector in vectors
+        ]
+
+    def _direct(self, responses: Sequence[Any]) -> list[list[_Found]]:
+        sign = -1.0 if self.layout.distance in (qm.Distance.EUCLID, qm.Distance.MANHATTAN) else 1.0
+        out = []
+        for response in responses:
+            found = []
+            for rank, point in enumerate(response.points):
+                payload = point.payload or {}
+                hit = Hit(fact=self.fact_from_payload(point.id, payload), score=sign * float(point.score), rank=rank)
+                found.append(_Found(hit, payload.get(self.session_key), _position(payload.get(self.position_key))))
+            out.append(found)
+        return out
+
+    def _neighbour_filter(
+        self, direct: list[list[_Found]], condition: list[qm.Condition], params: SearchParams
+    ) -> tuple[qm.Filter, int] | None:
+        """One filter for every neighbour of this round's hits: the scope, and per session the
+        positions within ±window of an anchor."""
+        if not params.window or not self.capabilities.window:
+            return None
+        wanted: dict[Any, set[int]] = {}
+        for found in (f for lst in direct for f in lst):
+            if found.session is None or found.position is None or not isinstance(found.session, str | int):
+                continue
+            positions = wanted.setdefault(found.session, set())
+            for d in range(1, params.window + 1):
+                positions.update(p for p in (found.position - d, found.position + d) if p >= 0)
+        if not wanted:
+            return None
+        per_session: list[qm.Condition] = [
+            qm.Filter(
+                must=[
+                    qm.FieldCondition(key=self.session_key, match=qm.MatchValue(value=session)),
+                    qm.FieldCondition(key=self.position_key, match=qm.MatchAny(any=sorted(positions))),
+                ]
+            )
+            for session, positions in wanted.items()
+        ]
+        flt = qm.Filter(must=[*condition, qm.Filter(should=per_session)])
+        # room for a few owners sharing a session id, so one page is the rule
+        return flt, max(64, 4 * sum(len(p) for p in wanted.values()))
+
+    def _assemble(self, direct: list[list[_Found]], records: Sequence[Any], window: int) -> list[list[Hit]]:
+        """Each direct hit followed by its ±window neighbours of the same owner and session, nearest
+        first (-1, +1, -2, +2, ...), as ``pgr_core.memory`` does."""
+        turns: dict[tuple[Scope, str, int], Fact] = {}
+        for record in records:
+            fact = self.fact_from_payload(record.id, record.payload or {})
+            if fact.session_id is not None and fact.position is not None:
+                turns.setdefault((fact.scope, fact.session_id, fact.position), fact)
+        out = []
+        for found_list in direct:
+            hits: list[Hit] = []
+            for found in found_list:
+                hits.append(found.hit)
+                anchor = found.hit.fact
+                if not window or anchor.session_id is None or anchor.position is None:
+                    continue
+                for offset in (d for w in range(1, window + 1) for d in (-w, w)):
+                    neighbour = turns.get((anchor.scope, anchor.session_id, anchor.position + offset))
+                    if neighbour is not None:
+                        hits.append(Hit(fact=neighbour, score=0.0, rank=found.hit.rank, neighbour_of=anchor.id))
+            out.append(hits)
+        return out
+
+    # -- a point's payload as a Fact
+
+    def fact_from_payload(self, point_id: Any, payload: Mapping[str, Any]) -> Fact:
+        """The Fact a point stands for: text, owner, dates, session/position, type, the rest as metadata."""
+        text_key = self.layout.text_key or "text"
+        owner = {f: str(payload[k]) for f, k in self.scope_fields.items() if payload.get(k) is not None}
+        used = {text_key, FACT_ID_KEY, UPDATED_AT_KEY, TYPE_KEY, self.session_key, self.position_key}
+        used.update(self.scope_fields.values(), self.date_keys, _LLAMA_BOOKKEEPING)
+        session = payload.get(self.session_key)
+        position = _position(payload.get(self.position_key))
+        kind = payload.get(TYPE_KEY)
+        return Fact(
+            id=str(payload.get(FACT_ID_KEY) or point_id),
+            text=_text_of(payload, text_key) or "",
+            scope=Scope(**owner),
+            type=kind if isinstance(kind, str) else None,
+            date=next((d for d in (_date(payload.get(k)) for k in self.date_keys) if d is not None), None),
+            updated_at=_date(payload.get(UPDATED_AT_KEY)),
+            session_id=None if session is None or position is None else str(session),
+            position=None if session is None else position,
+            metadata={k: v for k, v in payload.items() if k not in used},
+        )
+
+    # ================================================================== writing
+
+    @staticmethod
+    def point_id(fact_id: str) -> int | str:
+        """The Qdrant point id for a fact id: itself when it is an unsigned int or a UUID, else a UUID5."""
+        if fact_id.isascii() and fact_id.isdigit() and int(fact_id) < 2**64:
+            return int(fact_id)
+        try:
+            return str(uuid.UUID(fact_id))
+        except ValueError:
+            return str(uuid.uuid5(_ID_NAMESPACE, fact_id))
+
+    def upsert_facts(self, facts: Sequence[Fact]) -> list[str]:
+        """Embed (one call) and upsert facts as points in the layout this store reads; returns their ids.
+
+        Upserting an id that exists replaces that point. Every fact is checked before any is written.
+        """
+        if self._async:
+            return self._blocking(self.aupsert_facts(facts))
+        batch = self._check_facts(facts)
+        layout = self._layout or self.inspect()
+        if not batch:
+            return []
+        points = self._points(batch, layout)
+        with self._backend("upsert"):
+            for start in range(0, len(points), _UPSERT_CHUNK):
+                self._sync.upsert(self.collection, points=points[start : start + _UPSERT_CHUNK], wait=True)
+        self._after_write(batch, layout)
+        return [f.id for f in batch]
+
+    async def aupsert_facts(self, facts: Sequence[Fact]) -> list[str]:
+        """Async twin of :meth:`upsert_facts`."""
+        if not self._async:
+            return await asyncio.to_thread(self.upsert_facts, facts)
+        batch = self._check_facts(facts)
+        layout = self._layout or await self.ainspect()
+        if not batch:
+            return []
+        points = await asyncio.to_thread(self._points, batch, layout)
+        async with self._abackend("upsert"):
+            for start in range(0, len(points), _UPSERT_CHUNK):
+                await self._aio.upsert(self.collection, points=points[start : start + _UPSERT_CHUNK], wait=True)
+        self._after_write(batch, layout)
+        return [f.id for f in batch]
+
+    def _check_facts(self, facts: Sequence[Fact]) -> list[Fact]:
+        batch = list(facts)
+        reserved = self._reserved_keys()
+        for i, fact in enumerate(batch):
+            if not isinstance(fact, Fact):
+                raise InvalidArgumentError(f"item {i} is a {type(fact).__name__}, not a Fact")
+            if not isinstance(fact.id, str) or not fact.id:
+                raise InvalidArgumentError(f"fact {i} needs a non-empty string id")
+            if not isinstance(fact.text, str) or not fact.text.strip():
+                raise InvalidArgumentError(f"fact {fact.id!r} has empty text")
+            if (fact.session_id is None) != (fact.position is None):
+                raise InvalidArgumentError(f"fact {fact.id!r}: give both session_id and position, or neither")
+            self.scope_conditions(fact.scope)  # an owner this store could not filter on is refused
+            clash = reserved & set(fact.metadata)
+            if clash:
+                raise InvalidArgumentError(
+                    f"fact {fact.id!r}: metadata keys {sorted(clash)} collide with the payload keys this store "
+                    "uses; rename them"
+                )
+        return batch
+
+    def _reserved_keys(self) -> set[str]:
+        text_key = self._layout.text_key if self._layout and self._layout.text_key else self._text_key or "text"
+        return {
+            text_key,
+            FACT_ID_KEY,
+            UPDATED_AT_KEY,
+            TYPE_KEY,
+            self.session_key,
+            self.position_key,
+            *self.scope_fields.values(),
+            *self.date_keys,
+            *_LLAMA_BOOKKEEPING,
+        }
+
+    def _points(self, batch: list[Fact], layout: CollectionLayout) -> list[qm.PointStruct]:
+        text_key = layout.text_key or self._text_key or "text"
+        if text_key == NODE_CONTENT:
+            raise ConfigurationError(
+                f"collection {self.collection!r} is laid out by LlamaIndex (_node_content): write to it "
+                "through LlamaIndex, or give pgr a collection of its own"
+            )
+        vectors = self.embedder.embed([f.text for f in batch])
+        points = []
+        for fact, vector in zip(batch, vectors, strict=True):
+            payload: dict[str, Any] = {text_key: fact.text, FACT_ID_KEY: fact.id}
+            for field, value in fact.scope.as_dict().items():
+                payload[self.scope_fields[field]] = value
+            if fact.date is not None:
+                payload[self.date_keys[0] if self.date_keys else "date"] = fact.date.isoformat()
+            if fact.updated_at is not None:
+                payload[UPDATED_AT_KEY] = fact.updated_at.isoformat()
+            if fact.session_id is not None:
+                payload[self.session_key] = fact.session_id
+                payload[self.position_key] = fact.position
+            if fact.type is not None:
+                payload[TYPE_KEY] = fact.type
+            payload.update(fact.metadata)
+            values = np.asarray(vector, dtype=np.float32).tolist()
+            points.append(
+                qm.PointStruct(
+                    id=self.point_id(fact.id),
+                    vector={layout.vector_name: values} if layout.vector_name else values,
+                    payload=payload,
+                )
+            )
+        return points
+
+    def _after_write(self, batch: list[Fact], layout: CollectionLayout) -> None:
+        # what was just written is in the layout this store reads
+        changes: dict[str, Any] = {}
+        if layout.text_key is None:
+            changes["text_key"] = self._text_key or "text"
+        if not layout.window and self._declared_window is None and any(f.session_id for f in batch):
+            changes["window"] = True
+        if changes:
+            self._set_layout(replace(layout, **changes))
+
+    # ================================================================== creating a collection
+
+    @classmethod
+    def create_collection(
+        cls,
+        client: QdrantClient | AsyncQdrantClient,
+        name: str,
+        dim: int,
+        *,
+        embedder: Embedder,
+        vector_name: str | None = None,
+        distance: str = "Cosine",
+        payload_indexes: bool = True,
+        **store_options: Any,
+    ) -> QdrantStore:
+        """Create an empty collection for pgr facts and return a store over it (then :meth:`upsert_facts`).
+
+        The collection has one dense vector (unnamed unless ``vector_name``) of ``dim`` floats and,
+        on a Qdrant server, keyword indexes on the scope and session keys (local mode has no payload
+        indexes). Raises :class:`ConfigurationError` when the collection exists: wrap it instead.
+
+        >>> store = QdrantStore.create_collection(QdrantClient(":memory:"), "memories", 384,
+        ...                                       embedder=MiniLMEmbedder())  # doctest: +SKIP
+        """
+        if isinstance(client, AsyncQdrantClient):
+            if not isinstance(getattr(client, "_client", None), AsyncQdrantLocal):
+                raise ConfigurationError(
+                    "with a remote AsyncQdrantClient, use: await QdrantStore.acreate_collection(...)"
+                )
+            return _run_in_thread(
+                cls.acreate_collection(
+                    client,
+                    name,
+                    dim,
+                    embedder=embedder,
+                    vector_name=vector_name,
+                    distance=distance,
+                    payload_indexes=payload_indexes,
+                    **store_options,
+                )
+            )
+        vectors, indexes = cls._collection_spec(client, name, dim, embedder, vector_name, distance, store_options)
+        with _mapped(f"creating collection {name!r}"):
+            if client.collection_exists(name):
+                raise ConfigurationError(
+                    f"collection {name!r} exists already: wrap it with QdrantStore(client, {name!r}, embedder=...)"
+                )
+            client.create_collection(name, vectors_config=vectors)
+            if payload_indexes and not isinstance(getattr(client, "_client", None), QdrantLocal):
+                for key, schema in indexes:
+                    client.create_payload_index(name, field_name=key, field_schema=schema)
+        return cls(client, name, embedder=embedder, vector_name=vector_name, **cls._store_defaults(store_options))
+
+    @classmethod
+    async def acreate_collection(
+        cls,
+        client: QdrantClient | AsyncQdrantClient,
+        name: str,
+        dim: int,
+        *,
+        embedder: Embedder,
+        vector_name: str | None = None,
+        distance: str = "Cosine",
+        payload_indexes: bool = True,
+        **store_options: Any,
+    ) -> QdrantStore:
+        """Async twin of :meth:`create_collection`."""
+        if isinstance(client, QdrantClient):
+            return await asyncio.to_thread(
+                cls.create_collection,
+                client,
+                name,
+                dim,
+                embedder=embedder,
+                vector_name=vector_name,
+                distance=distance,
+                payload_indexes=payload_indexes,
+                **store_options,
+            )
+        vectors, indexes = cls._collection_spec(client, name, dim, embedder, vector_name, distance, store_options)
+        with _mapped(f"creating collection {name!r}"):
+            if await client.collection_exists(name):
+                raise ConfigurationError(
+                    f"collection {name!r} exists already: wrap it with QdrantStore(client, {name!r}, embedder=...)"
+                )
+            await client.create_collection(name, vectors_config=vectors)
+            if payload_indexes and not isinstance(getattr(client, "_client", None), AsyncQdrantLocal):
+                for key, schema in indexes:
+                    await client.create_payload_index(name, field_name=key, field_schema=schema)
+        store = cls(client, name, embedder=embedder, vector_name=vector_name, **cls._store_defaults(store_options))
+        if store._layout is None:
+            await store.ainspect()
+        return store
+
+    @staticmethod
+    def _store_defaults(store_options: dict[str, Any]) -> dict[str, Any]:
+        return {"text_key": "text", **store_options}
+
+    @staticmethod
+    def _collection_spec(
+        client: Any,
+        name: str,
+        dim: int,
+        embedder: Embedder,
+        vector_name: str | None,
+        distance: str,
+        store_options: Mapping[str, Any],
+    ) -> tuple[Any, list[tuple[str, qm.PayloadSchemaType]]]:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise InvalidArgumentError(f"dim must be a positive integer, got {dim!r}")
+        if embedder is not None and getattr(embedder, "dim", dim) != dim:
+            raise InvalidArgumentError(f"dim={dim} but the embedder gives {embedder.dim}-dim vectors")
+        try:
+            metric = qm.Distance(distance)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"distance must be one of {[d.value for d in qm.Distance]}, got {distance!r}"
+            ) from None
+        params = qm.VectorParams(size=dim, distance=metric)
+        fields = _check_scope_fields(store_options.get("scope_fields"))
+        indexes = [(key, qm.PayloadSchemaType.KEYWORD) for key in fields.values()]
+        indexes.append((store_options.get("session_key", "session_id"), qm.PayloadSchemaType.KEYWORD))
+        indexes.append((store_options.get("position_key", "position"), qm.PayloadSchemaType.INTEGER))
+        return ({vector_name: params} if vector_name else params), indexes
+
+    # ================================================================== the backend boundary
+
+    @contextmanager
+    def _backend(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except PGRError:
+            raise
+        except Exception as exc:
+            raise StoreError(self._failure(what, exc)) from exc
+
+    def _abackend(self, what: str) -> Any:
+        return _AsyncMapped(self, what)
+
+    def _failure(self, what: str, exc: BaseException) -> str:
+        text = str(exc).lower()
+        if self.collection.lower() in text and ("not found" in text or "doesn't exist" in text):
+            return (
+                f"Qdrant collection {self.collection!r} not found ({what}: {type(exc).__name__}: {exc}); "
+                "check the name, or create it with QdrantStore.create_collection(...)"
+            )
+        return f"Qdrant {what} on collection {self.collection!r} failed: {type(exc).__name__}: {exc}"
+
+    def _blocking(self, coro: Any) -> Any:
+        """Run a coroutine of the async client to completion from sync code (local clients only)."""
+        if not self._local:
+            coro.close()
+            raise ConfigurationError(
+                "this QdrantStore holds a remote AsyncQdrantClient, whose connections belong to the event "
+                "loop that opened them: use the async API (PGR.aretrieve, asearch_batch, aupsert_facts), "
+                "or pass a QdrantClient for sync calls"
+            )
+        return _run_in_thread(coro)
+
+
+class _AsyncMapped:
+    """``async with`` form of :meth:`QdrantStore._backend`."""
+
+    def __init__(self, store: QdrantStore, what: str) -> None:
+        self.store, self.what = store, what
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or isinstance(exc, PGRError) or not isinstance(exc, Exception):
+            return False
+        raise StoreError(self.store._failure(self.what, exc)) from exc
+
+
+@contextmanager
+def _mapped(what: str) -> Iterator[None]:
+    try:
+        yield
+    except PGRError:
+        raise
+    except Exception as exc:
+        raise StoreError(f"Qdrant {what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _run_in_thread(coro: Any) -> Any:
+    # a fresh loop on a worker thread works whether or not the caller's thread runs a loop
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgr-qdrant") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _check_scope_fields(scope_fields: Mapping[str, str] | None) -> dict[str, str]:
+    fields = dict(DEFAULT_SCOPE_FIELDS if scope_fields is None else scope_fields)
+    unknown = set(fields) - set(DEFAULT_SCOPE_FIELDS)
+    if unknown:
+        raise ConfigurationError(
+            f"scope_fields has unknown scope fields {sorted(unknown)}; use user_id, agent_id, run_id"
+        )
+    for field, key in fields.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigurationError(f"scope_fields[{field!r}] must be a payload key, got {key!r}")
+    return fields
+
+
+def _text_of(payload: Mapping[str, Any], key: str) -> str | None:
+    value = payload.get(key)
+    if key == NODE_CONTENT and isinstance(value, str):
+        try:
+            node = json.loads(value)
+        except ValueError:
+            return None
+        if not isinstance(node, dict):
+            return None
+        text = node.get("text")
+        if not isinstance(text, str):  # llama-index-core >= 0.12 nests it in a text resource
+            text = (node.get("text_resource") or {}).get("text")
+        value = text
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _date(value: Any) -> Any:
+    if value is None or not isinstance(value, str):
+        return None
+    try:
+        return parse_date(value)
+    except InvalidArgumentError:  # a payload date pgr cannot read is no reason to fail a search
+        return None
+
+
+def _position(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None

