@@ -1,0 +1,485 @@
+"""Any LlamaIndex retriever as a pgr store: :class:`RetrieverStore`.
+
+A LlamaIndex retriever answers one query at a time (``BaseRetriever`` has no batch API), so one pgr
+round of n probes costs n ``retrieve`` calls: run in turn by :meth:`RetrieverStore.search_batch`,
+concurrently (``aretrieve``, natively async) by :meth:`RetrieverStore.asearch_batch`. Still one pgr
+store call per round.
+
+Scoping. pgr never searches unscoped, and a retriever has no notion of a user, so the store must be
+told how to scope it, in one of three ways:
+
+- a ``VectorStoreIndex`` or ``VectorIndexRetriever``: every search gets ``MetadataFilters`` with one
+  ``ExactMatchFilter`` per field the caller's scope sets (``user_id``, ``agent_id``, ``run_id``
+  metadata keys), ANDed with the retriever's own filters. Nodes lacking a key the scope sets never
+  match, and a user-only scope sees that user's agent and run nodes too, as in mem0.
+- ``scope_filter=lambda scope: retriever``: you build a retriever that only sees ``scope``'s data
+  (a per-user index, a filtered retriever, a tenant-scoped client).
+- ``single_tenant_scope=Scope(...)``: the explicit opt-out, meaning "this retriever holds only this
+  scope's data". Searches for that exact scope run unfiltered; any other scope raises ScopeError.
+
+Anything else raises :class:`~pgr_core.errors.ScopeError` at construction. As a belt, every returned
+node whose metadata names another owner is dropped (and counted in ``out_of_scope_dropped``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import threading
+from collections.abc import Callable, Generator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from llama_index.core import VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.indices.vector_store.retrievers import VectorIndexRetriever
+from llama_index.core.schema import BaseNode, MetadataMode, NodeRelationship, NodeWithScore, QueryBundle
+from llama_index.core.storage.docstore.types import BaseDocumentStore
+from llama_index.core.vector_stores.types import ExactMatchFilter, FilterCondition, MetadataFilters
+
+from pgr_core._dates import parse_date
+from pgr_core.embedders import Embedder
+from pgr_core.errors import ConfigurationError, InvalidArgumentError, PGRError, ScopeError, StoreError
+from pgr_core.store import Store, validate_probes
+from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams
+
+__all__ = ["RetrieverStore"]
+
+logger = logging.getLogger(__name__)
+
+ScopeFilter = Callable[[Scope], BaseRetriever]
+_SCOPE_FIELDS = ("user_id", "agent_id", "run_id")
+_NeighbourWalk = Generator[list[str], dict[str, BaseNode], dict[str, list[BaseNode]]]
+
+
+class RetrieverStore(Store):
+    """A LlamaIndex ``BaseRetriever`` (or a ``VectorStoreIndex``) seen as a pgr store.
+
+    >>> store = RetrieverStore(index, cosine_scores=True, dates=True)          # doctest: +SKIP
+    >>> store = RetrieverStore(bm25, scope_filter=lambda s: per_user[s.user_id])  # doctest: +SKIP
+    >>> store = RetrieverStore(retriever, single_tenant_scope=Scope(user_id="u1"))  # doctest: +SKIP
+
+    Θ: each probe asks for ``top_k`` nodes where the retriever lets pgr set it (a
+    ``VectorIndexRetriever``, also one returned by ``scope_filter``: a copy with ``similarity_top_k``
+    = K); any other retriever decides how many it returns, so give it at least the K pgr uses (20 for
+    the query). pgr then ranks by score, cuts to K and drops scores below τ (``min_score``); a node
+    without a score counts as 0.0, so run PGR with ``min_score=0.0`` over unscored retrievers.
+
+    Nodes become facts: id = ``node_id``, text = the node's content without metadata, date from the
+    ``date`` or ``created_at`` metadata (ISO string, date, datetime or a Unix timestamp), type from
+    ``type``, session and position from ``session_id``/``position``, scope from the scope metadata
+    keys, and the node's metadata as ``Fact.metadata``.
+
+    Temporal window (``SearchParams.window`` = w): a hit's neighbours are the nodes its
+    ``PREVIOUS``/``NEXT`` relationships chain to (the consecutive chunks or turns of one document),
+    fetched by id from the docstore: the index's for a ``VectorStoreIndex`` or ``VectorIndexRetriever``,
+    or the one passed as ``docstore=``; for a vector store that keeps the nodes itself (``stores_text``),
+    from its ``get_nodes``. Each comes right after its anchor as ``Hit(neighbour_of=anchor id)``,
+    ordered -1, +1, -2, +2... The ``window`` capability is declared only when such a lookup exists.
+
+    Declare what you know about your data: ``cosine_scores=True`` when scores are cosine similarities
+    (so τ means what it says), ``dates=True`` when every node carries a date.
+
+    Options:
+
+    - ``scope_keys``: metadata key per scope field, default ``{"user_id": "user_id", ...}``.
+    - ``retriever_kwargs``: passed to ``index.as_retriever`` when a ``VectorStoreIndex`` is given.
+    - ``embedder``: a pgr embedder for probe hygiene (duplicate and echo detection); without one,
+      pgr compares probes by their words.
+    - ``max_concurrency``: most ``aretrieve`` calls in flight at once in :meth:`asearch_batch`.
+    - ``batch_embed``: embed a round's probes in one ``get_text_embedding_batch`` call of the
+      ``VectorIndexRetriever``'s embed model and hand each ``retrieve`` its vector
+      (``QueryBundle.embedding``): one embedding call per round instead of one per probe. Only for
+      symmetric embedding models (MiniLM, OpenAI's text-embedding-3); leave it off for a model that
+      embeds queries differently from documents (an instruction prefix). Retrievers other than a
+      ``VectorIndexRetriever`` embed per probe as usual.
+    """
+
+    def __init__(
+        self,
+        retriever: BaseRetriever | VectorStoreIndex,
+        *,
+        scope_filter: ScopeFilter | None = None,
+        single_tenant_scope: Scope | Mapping[str, str] | None = None,
+        docstore: BaseDocumentStore | None = None,
+        scope_keys: Mapping[str, str] | None = None,
+        retriever_kwargs: Mapping[str, Any] | None = None,
+        cosine_scores: bool = False,
+        dates: bool = False,
+        embedder: Embedder | None = None,
+        max_concurrency: int = 8,
+        batch_embed: bool = False,
+    ) -> None:
+        if not isinstance(retriever, BaseRetriever | VectorStoreIndex):
+            raise InvalidArgumentError(
+                f"retriever must be a LlamaIndex BaseRetriever or VectorStoreIndex, not {type(retriever).__name__}"
+            )
+        if scope_filter is not None and single_tenant_scope is not None:
+            raise InvalidArgumentError("pass scope_filter or single_tenant_scope, not both")
+        if scope_filter is not None and not callable(scope_filter):
+            raise InvalidArgumentError("scope_filter must be a callable (Scope) -> BaseRetriever")
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise InvalidArgumentError(f"max_concurrency must be an integer >= 1, got {max_concurrency!r}")
+        keys = {f: f for f in _SCOPE_FIELDS} | dict(scope_keys or {})
+        unknown = set(keys) - set(_SCOPE_FIELDS)
+        if unknown:
+            raise InvalidArgumentError(f"scope_keys has unknown field(s) {sorted(unknown)}; use {_SCOPE_FIELDS}")
+        if retriever_kwargs and not isinstance(retriever, VectorStoreIndex):
+            raise InvalidArgumentError("retriever_kwargs apply only when a VectorStoreIndex is given")
+
+        self.retriever = retriever
+        self.scope_keys: dict[str, str] = keys
+        self.retriever_kwargs = dict(retriever_kwargs or {})
+        self.embedder = embedder
+        self.max_concurrency = max_concurrency
+        self.batch_embed = batch_embed
+        self._scope_filter = scope_filter
+        self._tenant = Scope.coerce(single_tenant_scope) if single_tenant_scope is not None else None
+        if scope_filter is not None:
+            self.scoping = "scope_filter"
+        elif self._tenant is not None:
+            self.scoping = "single_tenant"
+        elif isinstance(retriever, VectorStoreIndex | VectorIndexRetriever):
+            self.scoping = "metadata_filters"
+        else:
+            raise ScopeError(
+                f"cannot scope a {type(retriever).__name__}: pgr never searches unscoped. Pass "
+                "scope_filter=lambda scope: <a retriever over that scope's data only>, give a VectorStoreIndex "
+                "or VectorIndexRetriever (scoped by metadata filters), or, if this retriever holds one "
+                "tenant's data only, single_tenant_scope=Scope(user_id=...)"
+            )
+
+        index = retriever if isinstance(retriever, VectorStoreIndex) else getattr(retriever, "_index", None)
+        if docstore is None and isinstance(retriever, VectorStoreIndex | VectorIndexRetriever):
+            docstore = retriever.docstore if isinstance(retriever, VectorStoreIndex) else retriever._docstore
+        self.docstore = docstore
+        vector_store = getattr(index, "vector_store", None) if isinstance(index, VectorStoreIndex) else None
+        self._node_store = vector_store if getattr(vector_store, "stores_text", False) else None
+        # instance-level: what a retriever can do depends on the retriever and on what the user declares
+        self.capabilities = Capabilities(  # type: ignore[misc]
+            dates=dates,
+            cosine_scores=cosine_scores,
+            window=self.docstore is not None or self._node_store is not None,
+            native_async=True,
+        )
+        self._lock = threading.Lock()
+        self.retriever_calls = 0  # retrieve / aretrieve calls made, one per probe
+        self.neighbour_lookups = 0  # docstore look-ups made for the window, one per level of it
+        self.out_of_scope_dropped = 0  # nodes the belt refused (their metadata names another owner)
+        self.embed_batches = 0  # batch_embed: get_text_embedding_batch calls made, one per round
+
+    def __repr__(self) -> str:
+        return f"RetrieverStore({type(self.retriever).__name__}, scoping={self.scoping!r})"
+
+    # ------------------------------------------------------------------ the store hook
+
+    def search_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
+        """One ``retrieve`` call per probe, in turn; window neighbours from one docstore look-up per level."""
+        probes = validate_probes(probes)
+        scope = Scope.coerce(scope)
+        if not probes:
+            return []
+        retriever = self._scoped_retriever(scope, params.top_k)
+        embed_model = self._batch_embed_model(retriever)
+        vectors: list[Any] = [None] * len(probes)
+        if embed_model is not None:
+            self._count(embed_batches=1)
+            try:
+                vectors = embed_model.get_text_embedding_batch(probes)
+            except Exception as exc:
+                raise StoreError(f"embedding the round's probes failed: {exc}") from exc
+        node_lists = []
+        for i, (probe, vector) in enumerate(zip(probes, vectors, strict=True)):
+            self._count(retriever_calls=1)
+            try:
+                node_lists.append(retriever.retrieve(QueryBundle(query_str=probe, embedding=vector)))
+            except Exception as exc:
+                raise StoreError(f"{type(retriever).__name__}.retrieve failed on probe {i}: {exc}") from exc
+        hit_lists = [self._direct_hits(nodes, scope, params) for nodes in node_lists]
+        if params.window and self.capabilities.window:
+            walk = _walk_neighbours(_anchors(hit_lists), params.window)
+            neighbours = _run_walk(walk, self._fetch)
+            hit_lists = [self._with_neighbours(hits, neighbours, scope) for hits in hit_lists]
+        return [[hit for hit, _ in hits] for hits in hit_lists]
+
+    async def asearch_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
+        """The probes of a round run concurrently (``aretrieve``), at most ``max_concurrency`` at once."""
+        probes = validate_probes(probes)
+        scope = Scope.coerce(scope)
+        if not probes:
+            return []
+        retriever = self._scoped_retriever(scope, params.top_k)
+        embed_model = self._batch_embed_model(retriever)
+        vectors: list[Any] = [None] * len(probes)
+        if embed_model is not None:
+            self._count(embed_batches=1)
+            try:
+                vectors = await embed_model.aget_text_embedding_batch(probes)
+            except Exception as exc:
+                raise StoreError(f"embedding the round's probes failed: {exc}") from exc
+        gate = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(i: int, probe: str) -> list[NodeWithScore]:
+            async with gate:
+                self._count(retriever_calls=1)
+                try:
+                    return await retriever.aretrieve(QueryBundle(query_str=probe, embedding=vectors[i]))
+                except Exception as exc:
+                    raise StoreError(f"{type(retriever).__name__}.aretrieve failed on probe {i}: {exc}") from exc
+
+        node_lists = await asyncio.gather(*(one(i, p) for i, p in enumerate(probes)))
+        hit_lists = [self._direct_hits(nodes, scope, params) for nodes in node_lists]
+        if params.window and self.capabilities.window:
+            walk = _walk_neighbours(_anchors(hit_lists), params.window)
+            neighbours = await _arun_walk(walk, self._afetch)
+            hit_lists = [self._with_neighbours(hits, neighbours, scope) for hits in hit_lists]
+        return [[hit for hit, _ in hits] for hits in hit_lists]
+
+    # ------------------------------------------------------------------ scoping
+
+    def _scoped_retriever(self, scope: Scope, top_k: int) -> BaseRetriever:
+        """A retriever that sees only ``scope``'s data, asking for ``top_k`` nodes where it can."""
+        if self.scoping == "scope_filter":
+            assert self._scope_filter is not None
+            try:
+                built = self._scope_filter(scope)
+            except PGRError:
+                raise
+            except Exception as exc:
+                raise StoreError(f"scope_filter failed for scope {scope.as_dict()}: {exc}") from exc
+            if not isinstance(built, BaseRetriever):
+                raise ConfigurationError(
+                    f"scope_filter must return a LlamaIndex BaseRetriever, got {type(built).__name__}"
+                )
+            return _with_top_k(built, top_k)
+        if self.scoping == "single_tenant":
+            if scope != self._tenant:
+                assert self._tenant is not None
+                raise ScopeError(
+                    f"this RetrieverStore holds only the data of {self._tenant.as_dict()} (single_tenant_scope); "
+                    f"it cannot answer for {scope.as_dict()}. Give it a scope_filter to serve other scopes"
+                )
+            assert isinstance(self.retriever, BaseRetriever)
+            return _with_top_k(self.retriever, top_k)
+        filters = self._scope_filters(scope)
+        if isinstance(self.retriever, VectorStoreIndex):
+            return self.retriever.as_retriever(similarity_top_k=top_k, filters=filters, **self.retriever_kwargs)
+        assert isinstance(self.retriever, VectorIndexRetriever)
+        scoped = copy.copy(self.retriever)  # a copy per call: concurrent scopes never share filters
+        scoped._similarity_top_k = top_k
+        scoped._filters = _and(self.retriever._filters, filters)
+        return scoped
+
+    def _batch_embed_model(self, retriever: BaseRetriever) -> BaseEmbedding | None:
+        """The embed model to batch a round's probes with, when ``batch_embed`` applies to ``retriever``."""
+        if not self.batch_embed or not isinstance(retriever, VectorIndexRetriever) or not retriever._needs_embedding():
+            return None
+        return retriever._embed_model
+
+    def _scope_filters(self, scope: Scope) -> MetadataFilters:
+        """One exact match per field the scope sets; unset fields do not constrain (mem0's model)."""
+        return MetadataFilters(
+            filters=[ExactMatchFilter(key=self.scope_keys[f], value=v) for f, v in scope.as_dict().items()],
+            condition=FilterCondition.AND,
+        )
+
+    def _owner(self, node: BaseNode, scope: Scope) -> Scope | None:
+        """The scope a node belongs to, from its metadata; None when ``scope`` may not see it.
+
+        Under ``scope_filter`` or ``single_tenant_scope`` the scoping vouches for the fields a node's
+        metadata leaves out; under metadata filters a missing key means the backend ignored the filter.
+        """
+        metadata = node.metadata or {}
+        owner = {f: str(metadata[k]) for f, k in self.scope_keys.items() if metadata.get(k) not in (None, "")}
+        if self.scoping != "metadata_filters":
+            for field, value in scope.as_dict().items():
+                owner.setdefault(field, value)
+        if not owner:
+            return None
+        try:
+            found = Scope(**owner)
+        except ScopeError:
+            return None
+        return found if scope.allows(found) else None
+
+    # ------------------------------------------------------------------ nodes to hits
+
+    def _direct_hits(
+        self, nodes: Sequence[NodeWithScore], scope: Scope, params: SearchParams
+    ) -> list[tuple[Hit, BaseNode]]:
+        """Belt (scope), rank by score, cut to K, drop scores below τ."""
+        kept = []
+        for scored in nodes:
+            owner = self._owner(scored.node, scope)
+            if owner is None:
+                self._count(out_of_scope_dropped=1)
+                logger.warning(
+                    "dropped node %s: its metadata does not match scope %s", scored.node.node_id, scope.as_dict()
+                )
+                continue
+            kept.append((float(scored.score) if scored.score is not None else 0.0, scored.node, owner))
+        kept.sort(key=lambda item: -item[0])  # stable: ties keep the retriever's order
+        hits = []
+        for rank, (score, node, owner) in enumerate(kept[: params.top_k]):
+            if score < params.min_score:
+                break
+            hits.append((Hit(fact=self.fact(node, owner), score=score, rank=rank), node))
+        return hits
+
+    def _with_neighbours(
+        self, hits: list[tuple[Hit, BaseNode]], neighbours: Mapping[str, list[BaseNode]], scope: Scope
+    ) -> list[tuple[Hit, BaseNode]]:
+        out = []
+        for hit, node in hits:
+            out.append((hit, node))
+            for other in neighbours.get(node.node_id, []):
+                owner = self._owner(other, scope)
+                if owner is None:
+                    self._count(out_of_scope_dropped=1)
+                    continue
+                neighbour = Hit(fact=self.fact(other, owner), score=0.0, rank=hit.rank, neighbour_of=hit.fact.id)
+                out.append((neighbour, other))
+        return out
+
+    def fact(self, node: BaseNode, owner: Scope) -> Fact:
+        """The pgr fact a node stands for (see the class docstring for where each field comes from)."""
+        metadata = dict(node.metadata or {})
+        session, position = metadata.get("session_id"), metadata.get("position")
+        has_turn = session not in (None, "") and isinstance(position, int) and not isinstance(position, bool)
+        kind = metadata.get("type")
+        return Fact(
+            id=node.node_id,
+            text=node.get_content(metadata_mode=MetadataMode.NONE),
+            scope=owner,
+            type=str(kind) if kind not in (None, "") else None,
+            date=_date(metadata.get("date", metadata.get("created_at"))),
+            updated_at=_date(metadata.get("updated_at")),
+            session_id=str(session) if has_turn else None,
+            position=position if has_turn else None,
+            metadata=metadata,
+        )
+
+    # ------------------------------------------------------------------ neighbour look-ups
+
+    def _fetch(self, node_ids: list[str]) -> dict[str, BaseNode]:
+        self._count(neighbour_lookups=1)
+        found: dict[str, BaseNode] = {}
+        try:
+            if self.docstore is not None:
+                found.update((n.node_id, n) for n in self.docstore.get_nodes(node_ids, raise_error=False) if n)
+            missing = [i for i in node_ids if i not in found]
+            if missing and self._node_store is not None:
+                found.update((n.node_id, n) for n in self._node_store.get_nodes(node_ids=missing))
+        except NotImplementedError:
+            pass  # a vector store that cannot fetch by id: no neighbours beyond the docstore's
+        except Exception as exc:
+            raise StoreError(f"fetching window neighbours failed: {exc}") from exc
+        return found
+
+    async def _afetch(self, node_ids: list[str]) -> dict[str, BaseNode]:
+        self._count(neighbour_lookups=1)
+        found: dict[str, BaseNode] = {}
+        try:
+            if self.docstore is not None:
+                nodes = await self.docstore.aget_nodes(node_ids, raise_error=False)
+                found.update((n.node_id, n) for n in nodes if n)
+            missing = [i for i in node_ids if i not in found]
+            if missing and self._node_store is not None:
+                found.update((n.node_id, n) for n in await self._node_store.aget_nodes(node_ids=missing))
+        except NotImplementedError:
+            pass
+        except Exception as exc:
+            raise StoreError(f"fetching window neighbours failed: {exc}") from exc
+        return found
+
+    def _count(self, **amounts: int) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                setattr(self, name, getattr(self, name) + amount)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _with_top_k(retriever: BaseRetriever, top_k: int) -> BaseRetriever:
+    """A copy asking for ``top_k`` nodes when the retriever has that knob; otherwise the retriever itself."""
+    if isinstance(retriever, VectorIndexRetriever):
+        sized = copy.copy(retriever)
+        sized._similarity_top_k = top_k
+        return sized
+    return retriever
+
+
+def _and(existing: MetadataFilters | None, scope: MetadataFilters) -> MetadataFilters:
+    """The retriever's own filters AND the scope's (nested only when its own are OR/NOT)."""
+    if existing is None or not existing.filters:
+        return scope
+    if existing.condition in (None, FilterCondition.AND):
+        return MetadataFilters(filters=[*existing.filters, *scope.filters], condition=FilterCondition.AND)
+    return MetadataFilters(filters=[existing, *scope.filters], condition=FilterCondition.AND)
+
+
+def _date(value: Any) -> datetime | None:
+    """A metadata date, leniently: one unreadable date must not fail every search that meets it."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value, tz=UTC)
+    try:
+        return parse_date(value)
+    except InvalidArgumentError:
+        logger.debug("ignoring unreadable date %r", value)
+        return None
+
+
+def _anchors(hit_lists: Sequence[Sequence[tuple[Hit, BaseNode]]]) -> list[BaseNode]:
+    return list({node.node_id: node for hits in hit_lists for _, node in hits}.values())
+
+
+def _related_id(node: BaseNode, direction: int) -> str | None:
+    relation = node.relationships.get(NodeRelationship.PREVIOUS if direction < 0 else NodeRelationship.NEXT)
+    return getattr(relation, "node_id", None)  # a list of relations is no chain: ignored
+
+
+def _walk_neighbours(anchors: Sequence[BaseNode], window: int) -> _NeighbourWalk:
+    """Follow PREVIOUS/NEXT up to ``window`` steps from every anchor, one look-up per step.
+
+    A generator: it yields the node ids it needs and receives ``{id: node}``; it returns each anchor's
+    neighbours ordered -1, +1, -2, +2... (the order of the embedded store's window)."""
+    cache: dict[str, BaseNode] = {a.node_id: a for a in anchors}
+    tips: dict[tuple[str, int], BaseNode] = {(a.node_id, d): a for a in anchors for d in (-1, 1)}
+    at: dict[str, dict[int, BaseNode]] = {a.node_id: {} for a in anchors}
+    for step in range(1, window + 1):
+        wanted = {key: rid for key, node in tips.items() if (rid := _related_id(node, key[1])) is not None}
+        missing = sorted({rid for rid in wanted.values() if rid not in cache})
+        if missing:
+            cache.update((yield missing))
+        tips = {}
+        for (anchor, direction), rid in wanted.items():
+            if rid in cache:
+                at[anchor][direction * step] = cache[rid]
+                tips[(anchor, direction)] = cache[rid]
+        if not tips:
+            break
+    order = [d * s for s in range(1, window + 1) for d in (-1, 1)]
+    return {anchor: [found[o] for o in order if o in found] for anchor, found in at.items()}
+
+
+def _run_walk(walk: _NeighbourWalk, fetch: Callable[[list[str]], dict[str, BaseNode]]) -> dict[str, list[BaseNode]]:
+    try:
+        wanted = next(walk)
+        while True:
+            wanted = walk.send(fetch(wanted))
+    except StopIteration as stop:
+        return stop.value
+
+
+async def _arun_walk(walk: _NeighbourWalk, fetch: Callable[[list[str]], Any]) -> dict[str, list[BaseNode]]:
+    try:
+        wanted = next(walk)
+        while True:
+            wanted = walk.send(await fetch(wanted))
+    except StopIteration as stop:
+        return stop.value
