@@ -1,7 +1,9 @@
-"""nox sessions: `tests` (the default suite, CI) and `llm` (against a real OpenAI-compatible server).
+"""nox sessions.
 
-    nox -s tests        # what CI runs
-    nox -s llm          # needs PGR_LLM_BASE_URL, or ../shared/tools/local-llm serve on 127.0.0.1:8081
+    nox                          # what CI runs: `tests` and every `conformance(<adapter>)`
+    nox -s tests                 # the default suite (no framework installed)
+    nox -s "conformance(qdrant)" # one adapter: installs only its extra, loads only its entry point
+    nox -s llm                   # needs PGR_LLM_BASE_URL, or ../shared/tools/local-llm serve on :8081
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import os
 
 import nox
 
-nox.options.sessions = ["tests"]
+nox.options.sessions = ["tests", "conformance"]
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
@@ -19,11 +21,11 @@ nox.options.reuse_existing_virtualenvs = True
 TORCH = "torch==2.13.0"
 
 
-def _install(session: nox.Session, extras: str) -> None:
+def _install(session: nox.Session, extras: str, *more: str) -> None:
     if os.path.isdir("/opt/wheels"):
         session.env["PIP_FIND_LINKS"] = "/opt/wheels"
     session.install(TORCH)
-    session.install("-e", f".[{extras}]")
+    session.install("-e", f".[{extras}]", *more)
 
 
 @nox.session
@@ -32,6 +34,27 @@ def tests(session: nox.Session) -> None:
     _install(session, "local,dev")
     session.env["MEM0_TELEMETRY"] = "False"
     session.run("pytest", "-m", "not llm", *session.posargs)
+
+
+# adapter -> (extra, extra packages, entry point to load, test file)
+ADAPTERS = {
+    "qdrant": ("qdrant", (), "qdrant", "tests/adapters/test_adapter_qdrant.py"),
+    "mem0": ("mem0", ("mem0ai>=2,<3",), "mem0", "tests/adapters/test_adapter_mem0.py"),
+    # graph memory exists only in mem0ai 1.0.x; kuzu runs embedded
+    "mem0_graph": ("dev", ("mem0ai==1.0.11", "kuzu", "rank-bm25"), "mem0", "tests/adapters/test_adapter_mem0_graph.py"),
+    "llamaindex": ("llamaindex", (), "llamaindex", "tests/adapters/test_adapter_llamaindex.py"),
+}
+
+
+@nox.session
+@nox.parametrize("adapter", list(ADAPTERS), ids=list(ADAPTERS))
+def conformance(session: nox.Session, adapter: str) -> None:
+    """One adapter against pgr_core.testing.conformance, with only its own extra and entry point."""
+    extra, more, entry_point, test_file = ADAPTERS[adapter]
+    _install(session, f"local,dev,{extra}", *more)
+    session.env["MEM0_TELEMETRY"] = "False"
+    session.env["PGR_LOAD_PLUGINS"] = entry_point
+    session.run("pytest", test_file, *session.posargs)
 
 
 @nox.session

@@ -15,6 +15,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def test_readme_python_example(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # the first python block is the core example; the adapters' blocks are run by their own tests
     code = re.search(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
     assert code, "README has no python example"
     llm = ScriptedLLM(
@@ -37,3 +38,19 @@ def test_readme_python_example(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
     assert "My physio says no sudden stops until July" in out
     assert "The physio's advice matters" in out
     assert len(llm.calls) == 4
+
+
+@pytest.mark.parametrize("adapter", ["mem0", "llamaindex", "qdrant"])
+def test_adapter_examples_in_the_readme_are_the_ones_their_tests_run(adapter: str) -> None:
+    """Each adapter's test file executes README_EXAMPLE; the README must show exactly that code."""
+    import ast
+
+    source = (README.parent / "tests" / "adapters" / f"test_adapter_{adapter}.py").read_text(encoding="utf-8")
+    example = next(
+        node.value.value
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "README_EXAMPLE" for t in node.targets)
+        and isinstance(node.value, ast.Constant)
+    )
+    assert example.strip() in README.read_text(encoding="utf-8")
