@@ -89,7 +89,7 @@ def clean_steps(
     if embedder is not None:
         try:
             matrix = embedder.embed([query, *earlier, *texts])
-        except Exception:  # noqa: BLE001 - hygiene must not fail a retrieval: compare by words instead
+        except Exception:
             matrix = None
     if matrix is not None:
         q_vec, earlier_vecs, cand_vecs = matrix[0], matrix[1 : 1 + len(earlier)], matrix[1 + len(earlier) :]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from importlib import metadata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib import metadata
 from types import ModuleType
 from typing import Any
 
@@ -34,11 +34,9 @@ class Registry:
         """(plugin, usable here, note) for every plugin: usable when the framework it needs imports.
 
         A plugin module may declare ``REQUIRES`` (module names) and ``EXTRA`` (the pgr extra)."""
-        import importlib.util
-
         rows = []
         for name, module in self.modules.items():
-            missing = [m for m in getattr(module, "REQUIRES", ()) if importlib.util.find_spec(m) is None]
+            missing = [m for m in getattr(module, "REQUIRES", ()) if not _importable(m)]
             extra = getattr(module, "EXTRA", None)
             note = f"missing {', '.join(missing)}: pip install 'pgr[{extra}]'" if missing and extra else ""
             rows.append((name, not missing, note or ("missing " + ", ".join(missing) if missing else "")))
@@ -62,6 +60,16 @@ class Registry:
         return table[name](**options)
 
 
+def _importable(module: str) -> bool:
+    """Whether ``module`` could be imported, without importing it (a missing parent counts as missing)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def load(extra: Iterable[ModuleType] = (), *, entry_points: bool = True) -> Registry:
     """Load the built-in plugin, the ``pgr`` entry points and ``extra`` modules, and collect their
     registrations. ``PGR_LOAD_PLUGINS`` (comma-separated entry-point names) picks which entry points
@@ -77,7 +85,7 @@ def load(extra: Iterable[ModuleType] = (), *, entry_points: bool = True) -> Regi
                 continue
             try:
                 module = ep.load()
-            except Exception as exc:  # noqa: BLE001 - one broken plugin must not take the others down
+            except Exception as exc:
                 registry.failed[ep.name] = f"{type(exc).__name__}: {exc}"
                 continue
             if not pm.is_registered(module):

@@ -38,7 +38,7 @@ def test_pgr_load_plugins_selects_entry_points(fake_entry_points: None, monkeypa
 
 def test_a_plugin_that_needs_a_missing_framework_says_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     module = types.ModuleType("pgr_fake_adapter")
-    module.REQUIRES = ("pgr_framework_that_is_not_installed",)  # type: ignore[attr-defined]
+    module.REQUIRES = ("pgr_framework_that_is_not_installed.core",)  # a dotted name: its parent is missing  # type: ignore[attr-defined]
     module.EXTRA = "fake"  # type: ignore[attr-defined]
 
     def make_store(**options: object) -> object:

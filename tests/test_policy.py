@@ -10,11 +10,11 @@ import pytest
 from conftest import U1, U2, ScriptedProspector, SpyStore, make_store
 
 from pgr_core import (
-    Hygiene,
     PGR,
     ConfigurationError,
     Fact,
     HashingEmbedder,
+    Hygiene,
     InMemoryStore,
     InvalidArgumentError,
     LLMConnectionError,

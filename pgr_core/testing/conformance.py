@@ -73,16 +73,36 @@ def conformance_corpus() -> list[Fact]:
         for i, text in enumerate(_ALICE_TURNS)
     ]
     facts += [
-        Fact(id=f"b{i}", text=text, scope=BOB, type="turn", date=datetime(2025, 2, 1 + i), session_id="bob-s0", position=i)
+        Fact(
+            id=f"b{i}",
+            text=text,
+            scope=BOB,
+            type="turn",
+            date=datetime(2025, 2, 1 + i),
+            session_id="bob-s0",
+            position=i,
+        )
         for i, text in enumerate(_BOB_TURNS)
     ]
     facts += [
-        Fact(id="ag0", text="The planner agent noted that Alice prefers train travel over flying", scope=ALICE_AGENT,
-             date=datetime(2025, 3, 1)),
-        Fact(id="run0", text="In run 7 Alice asked for a vegetarian dinner recipe without nuts", scope=ALICE_RUN,
-             date=datetime(2025, 3, 2)),
-        Fact(id="uni", text="Alice a écrit : 膝の怪我 — le genou 🦵 guérit lentement", scope=ALICE,
-             date=datetime(2025, 3, 3)),
+        Fact(
+            id="ag0",
+            text="The planner agent noted that Alice prefers train travel over flying",
+            scope=ALICE_AGENT,
+            date=datetime(2025, 3, 1),
+        ),
+        Fact(
+            id="run0",
+            text="In run 7 Alice asked for a vegetarian dinner recipe without nuts",
+            scope=ALICE_RUN,
+            date=datetime(2025, 3, 2),
+        ),
+        Fact(
+            id="uni",
+            text="Alice a écrit : 膝の怪我 — le genou 🦵 guérit lentement",
+            scope=ALICE,
+            date=datetime(2025, 3, 3),
+        ),
     ]
     return facts
 
