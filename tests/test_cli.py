@@ -93,4 +93,11 @@ def test_errors_are_clean_messages(capsys: pytest.CaptureFixture[str], tmp_path:
 def test_plugins_lists_the_builtin_store(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out
-    assert "stores: memory" in out and "llms: openai" in out and "minilm" in out
+    stores = next(line for line in out.splitlines() if line.startswith("stores: "))
+    assert "memory" in stores.split(": ")[1].split(", ")
+    assert "openai" in out and "minilm" in out
+    assert any(line.split()[:2] == ["memory", "usable"] for line in out.splitlines())
+    # installed adapters are listed with whether their framework is importable here
+    for line in out.splitlines():
+        if line.strip().startswith(("qdrant", "mem0", "llamaindex")):
+            assert " usable" in line or ("NOT usable" in line and "pip install 'pgr[" in line)
