@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, time
+from datetime import UTC, date, datetime, time
 
 from .errors import InvalidArgumentError
 
@@ -33,6 +33,22 @@ def parse_date(value: DateLike | None, *, what: str = "date") -> datetime | None
                 "'2025-05-01T18:30:00+02:00', or a date/datetime object"
             ) from None
     raise InvalidArgumentError(f"{what} must be a str, date or datetime, not {type(value).__name__}")
+
+
+def read_date(value: object) -> datetime | None:
+    """A date stored by some framework, read leniently: ISO text, a date, a datetime or a Unix
+    timestamp; anything unreadable is ``None``, since one bad date must not fail every search."""
+    if value is None or value == "" or isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        try:
+            return datetime.fromtimestamp(value, tz=UTC)
+        except (OverflowError, OSError, ValueError):
+            return None
+    try:
+        return parse_date(value)  # type: ignore[arg-type]
+    except InvalidArgumentError:
+        return None
 
 
 def is_aware(moment: datetime) -> bool:

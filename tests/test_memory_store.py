@@ -142,3 +142,14 @@ def test_hashing_embedder_is_deterministic_and_unit_length() -> None:
 def test_make_store_holds_both_users() -> None:
     store = make_store()
     assert len(store) == 16 and sum(f.scope == U2 for f in store.facts) == 8
+
+
+def test_stored_dates_are_read_leniently() -> None:
+    from datetime import UTC, date, datetime
+
+    from pgr_core._dates import read_date
+
+    assert read_date("2025-03-01T10:00:00Z") == datetime(2025, 3, 1, 10, tzinfo=UTC)
+    assert read_date(date(2025, 3, 1)) == datetime(2025, 3, 1)
+    assert read_date(0) == datetime(1970, 1, 1, tzinfo=UTC)
+    assert [read_date(v) for v in (None, "", "last Tuesday", True, 1e30)] == [None] * 5

@@ -28,7 +28,7 @@ import copy
 import logging
 import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from llama_index.core import VectorStoreIndex
@@ -39,7 +39,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeRelationship, No
 from llama_index.core.storage.docstore.types import BaseDocumentStore
 from llama_index.core.vector_stores.types import ExactMatchFilter, FilterCondition, MetadataFilters
 
-from pgr_core._dates import parse_date
+from pgr_core._dates import read_date
 from pgr_core.embedders import Embedder
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, PGRError, ScopeError, StoreError
 from pgr_core.store import Store, validate_probes
@@ -423,15 +423,7 @@ def _and(existing: MetadataFilters | None, scope: MetadataFilters) -> MetadataFi
 
 def _date(value: Any) -> datetime | None:
     """A metadata date, leniently: one unreadable date must not fail every search that meets it."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return datetime.fromtimestamp(value, tz=UTC)
-    try:
-        return parse_date(value)
-    except InvalidArgumentError:
-        logger.debug("ignoring unreadable date %r", value)
-        return None
+    return read_date(value)
 
 
 def _anchors(hit_lists: Sequence[Sequence[tuple[Hit, BaseNode]]]) -> list[BaseNode]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
+from pgr_core._dates import read_date
 from pgr_core.types import Fact, Scope
 
 __all__ = ["RELATION_TYPE", "Mem0Fact", "fact_from_item", "fact_from_point", "relation_fact", "write_metadata"]
@@ -42,19 +43,7 @@ class Mem0Fact(Fact):
 def parse_when(value: Any) -> datetime | None:
     """mem0's ``created_at`` / ``updated_at`` (ISO strings, aware or naive) as datetimes, kept as they are;
     anything unreadable is None rather than a failed search."""
-    if isinstance(value, datetime):
-        return value
-    if isinstance(value, date):
-        return datetime(value.year, value.month, value.day)
-    if not isinstance(value, str) or not value.strip():
-        return None
-    text = value.strip()
-    if text.endswith("Z"):
-        text = text[:-1] + "+00:00"
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        return None
+    return read_date(value)
 
 
 def expired(payload: Mapping[str, Any]) -> bool:

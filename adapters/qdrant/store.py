@@ -33,7 +33,7 @@ from qdrant_client import models as qm
 from qdrant_client.local.async_qdrant_local import AsyncQdrantLocal
 from qdrant_client.local.qdrant_local import QdrantLocal
 
-from pgr_core._dates import parse_date
+from pgr_core._dates import read_date
 from pgr_core.embedders import Embedder
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, PGRError, ScopeError, StoreError
 from pgr_core.store import Store, validate_probes
@@ -795,12 +795,7 @@ def _text_of(payload: Mapping[str, Any], key: str) -> str | None:
 
 
 def _date(value: Any) -> Any:
-    if value is None or not isinstance(value, str):
-        return None
-    try:
-        return parse_date(value)
-    except InvalidArgumentError:  # a payload date pgr cannot read is no reason to fail a search
-        return None
+    return read_date(value)  # a payload date pgr cannot read is no reason to fail a search
 
 
 def _position(value: Any) -> int | None:
