@@ -35,11 +35,9 @@ from typing import Any
 
 import numpy as np
 from llama_index.core import Settings, VectorStoreIndex
-from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.llms.mock import MockLLM
 from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
-from pgr_adapters.llamaindex import RetrieverStore
+from pgr_adapters.llamaindex import MiniLMEmbedding, RetrieverStore
 
 from pgr_core import PGR, MiniLMEmbedder, Scope
 from pgr_core.types import Hit, SearchParams
@@ -115,35 +113,6 @@ QUERIES = [
     "Should I take up rock climbing?",
     "Can I cook a big family lunch on Sunday?",
 ]
-
-
-class MiniLMEmbedding(BaseEmbedding):
-    """pgr's MiniLM behind LlamaIndex's embedding interface (its package files, never a hub)."""
-
-    _embedder: Any = PrivateAttr()
-
-    def __init__(self, embedder: MiniLMEmbedder, **kwargs: Any) -> None:
-        super().__init__(model_name="all-MiniLM-L6-v2", embed_batch_size=256, **kwargs)
-        self._embedder = embedder
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "MiniLMEmbedding"
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._embedder.embed([query])[0].tolist()
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._get_query_embedding(text)
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._embedder.embed(texts).tolist()
-
-    async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._get_text_embeddings(texts)
 
 
 def synthetic_nodes(n: int, users: int, turns_per_session: int, seed: int = 0) -> list[TextNode]:
@@ -277,7 +246,7 @@ def main() -> int:
     args = ap.parse_args()
 
     embedder = MiniLMEmbedder(cache_size=2 * args.facts)
-    embed_model = MiniLMEmbedding(embedder)
+    embed_model = MiniLMEmbedding(embedder, embed_batch_size=256)
     Settings.embed_model, Settings.llm = embed_model, MockLLM()  # nothing reaches for OpenAI
 
     nodes = synthetic_nodes(args.facts, args.users, args.turns)

@@ -44,6 +44,12 @@ class Usage:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    @classmethod
+    def estimate(cls, messages: Sequence[Message], text: str, *, estimated: bool = True) -> Usage:
+        """Token counts guessed as characters / 4, for servers (and stand-ins) that report none."""
+        prompt_chars = sum(len(m.get("content", "")) for m in messages)
+        return cls(prompt_chars // 4, len(text) // 4, estimated=estimated)
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -304,8 +310,7 @@ class OpenAICompatible(LLM):
         if usage is not None and getattr(usage, "prompt_tokens", None) is not None:
             counted = Usage(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
         else:
-            chars = sum(len(m.get("content", "")) for m in messages)
-            counted = Usage(chars // 4, len(text) // 4, estimated=True)
+            counted = Usage.estimate(messages, text)
         return Completion(
             text=text,
             usage=counted,

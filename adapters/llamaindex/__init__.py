@@ -6,6 +6,7 @@
 - :class:`ProspectionRetriever`: PGR as a LlamaIndex ``BaseRetriever``, for ``RetrieverQueryEngine``,
   chat engines and anything that takes a retriever; the trace rides in node metadata hidden from LLMs.
 - :class:`LlamaIndexLLM`: any LlamaIndex ``LLM`` as pgr's generator.
+- :class:`MiniLMEmbedding`: pgr's MiniLM (or any pgr embedder) as a LlamaIndex embed model.
 
 Drop the retriever into a query engine::
 
@@ -28,9 +29,14 @@ from typing import Any
 
 from pgr_core.errors import ConfigurationError
 
-__all__ = ["LlamaIndexLLM", "ProspectionRetriever", "RetrieverStore"]
+__all__ = ["LlamaIndexLLM", "MiniLMEmbedding", "ProspectionRetriever", "RetrieverStore"]
 
-_HOMES = {"LlamaIndexLLM": ".llm", "ProspectionRetriever": ".retriever", "RetrieverStore": ".store"}
+_HOMES = {
+    "LlamaIndexLLM": ".llm",
+    "MiniLMEmbedding": ".embedding",
+    "ProspectionRetriever": ".retriever",
+    "RetrieverStore": ".store",
+}
 
 
 def __getattr__(name: str) -> Any:

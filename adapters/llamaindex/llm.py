@@ -114,8 +114,7 @@ class LlamaIndexLLM(LLM):
         text = response.message.content or ""
         usage = _reported_usage(response)
         if usage is None:
-            prompt_chars = sum(len(m.get("content", "")) for m in messages)
-            usage = Usage(prompt_chars // 4, len(text) // 4, estimated=True)
+            usage = Usage.estimate(messages, text)
         return Completion(
             text=text,
             usage=usage,

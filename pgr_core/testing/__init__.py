@@ -78,7 +78,5 @@ class ScriptedLLM(LLM):
         truncated = self.truncate_at is not None and len(text) > self.truncate_at
         if truncated:
             text = text[: self.truncate_at]
-        prompt_chars = sum(len(m.get("content", "")) for m in messages)
-        return Completion(
-            text=text, usage=Usage(prompt_chars // 4, len(text) // 4), model="scripted", truncated=truncated
-        )
+        usage = Usage.estimate(messages, text, estimated=False)  # the script's own count, by definition
+        return Completion(text=text, usage=usage, model="scripted", truncated=truncated)

@@ -18,8 +18,7 @@ pytest.importorskip("llama_index.core", reason="needs the llamaindex extra: pip 
 
 from llama_index.core import Settings, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.chat_engine import ContextChatEngine
 from llama_index.core.llms import CompletionResponse, CompletionResponseGen, CustomLLM, LLMMetadata
 from llama_index.core.llms.mock import MockLLM
@@ -33,7 +32,7 @@ from llama_index.core.schema import (
     TextNode,
 )
 from llama_index.core.vector_stores.types import ExactMatchFilter, MetadataFilters
-from pgr_adapters.llamaindex import LlamaIndexLLM, ProspectionRetriever, RetrieverStore
+from pgr_adapters.llamaindex import LlamaIndexLLM, MiniLMEmbedding, ProspectionRetriever, RetrieverStore
 from pgr_adapters.llamaindex import plugin as llamaindex_plugin
 from pgr_adapters.llamaindex.retriever import TRACE_KEYS
 
@@ -64,35 +63,6 @@ print(response, "|", response.source_nodes[0].metadata["pgr_probe"])
 
 
 # ---------------------------------------------------------------------- LlamaIndex pieces for the tests
-
-
-class MiniLMEmbedding(BaseEmbedding):
-    """pgr's MiniLM behind LlamaIndex's embedding interface (loaded from its package, never a hub)."""
-
-    _embedder: Any = PrivateAttr()
-
-    def __init__(self, embedder: MiniLMEmbedder, **kwargs: Any) -> None:
-        super().__init__(model_name="all-MiniLM-L6-v2", embed_batch_size=64, **kwargs)
-        self._embedder = embedder
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "MiniLMEmbedding"
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._embedder.embed([query])[0].tolist()
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._get_query_embedding(text)
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._embedder.embed(texts).tolist()
-
-    async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._get_text_embeddings(texts)
 
 
 class ScriptedLlamaLLM(CustomLLM):
