@@ -1,4 +1,4 @@
-"""The ``pgr`` command: ``pgr demo``, ``pgr retrieve``, ``pgr plugins``."""
+"""The ``pgr`` command: ``pgr demo``, ``pgr retrieve``, ``pgr eval``, ``pgr plugins``."""
 
 from __future__ import annotations
 
@@ -232,6 +232,52 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Compare retrieval methods on a data set; write JSON, Markdown and a PNG chart."""
+    from .evaluation import CachedLLM, load_set, run_eval, summarise, write_report
+    from .evaluation.methods import parse_method
+    from .memory import InMemoryStore
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        parse_method(m)  # fail before any loading
+    options: dict[str, Any] = {}
+    if args.dataset == "prefeval":
+        options = {"kind": args.prefeval_kind, "fillers": args.fillers, "per_topic": args.per_topic}
+    data = load_set(args.dataset, args.data, **options).select(limit=args.limit, every=args.every)
+    if not data.questions:
+        _say("pgr: error: no questions with gold evidence or references in that selection")
+        return 2
+    _say(f"{data.name}: {len(data.questions)} questions over {len(data.facts)} facts")
+    started = time.perf_counter()
+    store = InMemoryStore(embedder=_embedder(args.embedder))
+    store.add_facts(data.facts)
+    _say(f"embedded {len(store)} facts in {time.perf_counter() - started:.1f}s")
+    llm = _llm(args)
+    if llm is not None and not args.no_cache:
+        llm = CachedLLM(llm, args.cache)
+    judge = llm if args.judge else None
+    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
+    json_path: Path = args.json
+    records = json_path.with_suffix(".records.jsonl")
+    rows = run_eval(data, methods, store, llm=llm, judge=judge, records=records, overrides=overrides, log=_say)
+    report = summarise(data, rows, methods)
+    if isinstance(llm, CachedLLM):
+        report["llm_cache"] = {"root": str(llm.root), "hits": llm.stats.hits, "misses": llm.stats.misses}
+    report["command"] = "pgr " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("pgr") else None
+    paths = write_report(report, json_path)
+    from .evaluation.output import markdown
+
+    print(markdown(report))
+    for kind, path in paths.items():
+        if path is None:
+            _say(f"no {kind} written (pip install 'pgr[eval]' for matplotlib)")
+        else:
+            _say(f"{kind}: {path}")
+    _say(f"records (resumable): {records}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pgr", description="Prospection-Guided Retrieval")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -254,6 +300,37 @@ def build_parser() -> argparse.ArgumentParser:
     ret.add_argument("--html", type=Path, default=None, help="write a trace page here")
     _common(ret)
     ret.set_defaults(func=cmd_retrieve)
+
+    ev = sub.add_parser("eval", help="compare retrieval methods on a benchmark (recall, cost)")
+    ev.add_argument("dataset", choices=["locomo", "prefeval", "memoryquest", "jsonl"])
+    ev.add_argument("--data", type=Path, required=True, help="the data set's file or folder")
+    ev.add_argument(
+        "--methods",
+        default="query-only,pgr-facet",
+        help="comma-separated: query-only, pgr-facet, pgr-cot, pgr-tot, query-fusion, hyde; +wN adds "
+        "a temporal window (e.g. query-only+w1)",
+    )
+    ev.add_argument("--limit", type=int, default=None, help="the first N questions (after --every)")
+    ev.add_argument("--every", type=int, default=1, help="every k-th question: a spread sample")
+    ev.add_argument(
+        "--json",
+        type=Path,
+        default=Path("pgr-eval.json"),
+        help="report path; .md, .png and .records.jsonl are written beside it",
+    )
+    ev.add_argument("--cache", type=Path, default=Path(".pgr-cache/llm"), help="LLM reply cache folder")
+    ev.add_argument("--no-cache", action="store_true", help="ask the LLM every time")
+    ev.add_argument("--judge", action="store_true", help="LLM-judged recall for questions with reference texts only")
+    ev.add_argument("--set", action="append", default=[], help="PGR option for pgr-* methods, e.g. --set delta=3")
+    ev.add_argument("--prefeval-kind", choices=["explicit", "choice-based", "persona-driven"], default="explicit")
+    ev.add_argument("--fillers", type=int, default=5, help="PrefEval: filler conversations per history")
+    ev.add_argument("--per-topic", type=int, default=None, help="PrefEval: first N preferences of each topic")
+    ev.add_argument("--no-llm", action="store_true", help="ignore any configured LLM")
+    ev.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
+    ev.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
+    ev.add_argument("--llm-timeout", type=float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "120")))
+    ev.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
+    ev.set_defaults(func=cmd_eval)
 
     plug = sub.add_parser("plugins", help="list plugins and what they register")
     plug.set_defaults(func=cmd_plugins)

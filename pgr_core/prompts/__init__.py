@@ -7,7 +7,17 @@ from importlib import resources
 
 __all__ = ["prompt", "render"]
 
-NAMES = ("answer", "augment", "prospect_cot", "prospect_tot", "repair", "revise", "summary")
+NAMES = (
+    "answer",
+    "augment",
+    "judge_pair",
+    "judge_recall",
+    "prospect_cot",
+    "prospect_tot",
+    "repair",
+    "revise",
+    "summary",
+)
 
 
 @cache

@@ -1,0 +1,300 @@
+"""Evaluation data: one shape for every data set, and the loaders that produce it.
+
+An :class:`EvalSet` is the facts to load into a store plus the questions to ask of it. A question's
+gold is either fact ids (exact recall: LoCoMo, PrefEval, MemoryQuest after extraction with ids) or
+reference texts only (LLM-judged recall: MemoryQuest references, a user's own data).
+
+Loaders (the data is never shipped with pgr: pass its path):
+
+- :func:`load_locomo_set`: LoCoMo, one fact per turn, turn-level gold evidence.
+- :func:`load_prefeval`: PrefEval, each question its own user whose history is the preference, then
+  ``fillers`` unrelated conversations, then the question; the gold is the preference turn (explicit)
+  or the turns of the preference conversation (implicit; found when any of them is).
+- :func:`load_jsonl`: the MemoryQuest format, which is also the format for your own data (one user
+  per line; see ``docs/eval-format.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from .._dates import parse_date
+from ..datasets import load_locomo
+from ..errors import InvalidArgumentError
+from ..types import Fact, Scope
+
+__all__ = ["EvalQuestion", "EvalSet", "load_jsonl", "load_locomo_set", "load_prefeval", "load_set"]
+
+
+@dataclass
+class EvalQuestion:
+    id: str
+    question: str
+    scope: Scope
+    date: datetime | None = None
+    gold: list[str] = field(default_factory=list)  # fact ids
+    missing: int = 0  # gold items that name no fact (count as misses)
+    references: list[str] = field(default_factory=list)  # reference texts, for LLM-judged recall
+    gold_mode: Literal["all", "any"] = "all"  # "any": one gold fact found is a full hit
+    category: str = ""
+    answer: str | None = None  # a reference answer, when the data set has one
+
+
+@dataclass
+class EvalSet:
+    name: str
+    facts: list[Fact]
+    questions: list[EvalQuestion]
+    notes: list[str] = field(default_factory=list)  # what the loader had to do to the data
+
+    def select(self, *, limit: int | None = None, every: int = 1, only_gold: bool = True) -> EvalSet:
+        """Questions with gold (ids or references), every ``every``-th, then the first ``limit``."""
+        if every < 1 or (limit is not None and limit < 1):
+            raise InvalidArgumentError("every and limit must be positive integers")
+        qs = [q for q in self.questions if not only_gold or q.gold or q.missing or q.references]
+        qs = qs[::every]
+        if limit is not None:
+            qs = qs[:limit]
+        scopes = {q.scope for q in qs}
+        facts = [f for f in self.facts if f.scope in scopes]
+        return EvalSet(self.name, facts, qs, list(self.notes))
+
+
+# --------------------------------------------------------------------------- LoCoMo
+
+
+def load_locomo_set(path: str | Path) -> EvalSet:
+    data = load_locomo(path)
+    questions = [
+        EvalQuestion(
+            id=q.id,
+            question=q.question,
+            scope=data.scope_of(q),
+            date=q.date,
+            gold=list(q.evidence),
+            missing=len(q.unresolved),
+            category=str(q.category),
+        )
+        for q in data.questions
+    ]
+    notes = [f"{data.unresolved_evidence} evidence ids name no turn and count as misses"]
+    return EvalSet("locomo", data.facts, questions, notes)
+
+
+# --------------------------------------------------------------------------- PrefEval
+
+
+def _prefeval_root(path: Path) -> Path:
+    for candidate in (path, path / "benchmark_dataset"):
+        if (candidate / "explicit_preference").is_dir():
+            return candidate
+    raise InvalidArgumentError(
+        f"no PrefEval data at {path}: expected a folder holding explicit_preference/ and "
+        "filtered_inter_turns.json (see ../shared/data/README.md)"
+    )
+
+
+def _turn_text(role: str, content: str, limit: int = 2000) -> str:
+    content = " ".join(content.split())
+    return f"{role}: {content[:limit]}"
+
+
+def load_prefeval(
+    path: str | Path,
+    *,
+    kind: Literal["explicit", "choice-based", "persona-driven"] = "explicit",
+    fillers: int = 5,
+    per_topic: int | None = None,
+    seed: int = 0,
+) -> EvalSet:
+    """PrefEval as retrieval: one user per preference (``user_id = "prefeval:<topic>:<i>"``).
+
+    History: session 0 is the preference (explicit: one user turn stating it; implicit: its
+    conversation), sessions 1..``fillers`` are filler conversations drawn with ``seed`` from the 24
+    unrelated ones, and the question follows. Every turn is one fact. ``per_topic`` keeps the first N
+    preferences of each of the 20 topics (the category in the breakdowns).
+    """
+    root = _prefeval_root(Path(path))
+    if fillers < 0:
+        raise InvalidArgumentError("fillers must be >= 0")
+    inter = json.loads((root / "filtered_inter_turns.json").read_text(encoding="utf-8"))
+    filler_convs = [c["conversation"] for c in inter]
+    if fillers > len(filler_convs):
+        raise InvalidArgumentError(f"fillers must be at most {len(filler_convs)} (the filler conversations there are)")
+    folder = root / ("explicit_preference" if kind == "explicit" else f"implicit_preference/{kind}")
+    if not folder.is_dir():
+        raise InvalidArgumentError(f"no PrefEval {kind!r} folder at {folder}")
+    rng = random.Random(seed)
+    facts: list[Fact] = []
+    questions: list[EvalQuestion] = []
+    for topic_file in sorted(folder.glob("*.json")):
+        topic = topic_file.stem
+        items = json.loads(topic_file.read_text(encoding="utf-8"))
+        if per_topic is not None:
+            items = items[:per_topic]
+        for i, item in enumerate(items):
+            user = f"prefeval:{topic}:{i}"
+            scope = Scope(user_id=user)
+            gold: list[str] = []
+
+            def add(session: int, position: int, text: str, *, scope: Scope = scope, user: str = user) -> str:
+                fact_id = f"{user}:S{session}:{position}"
+                facts.append(
+                    Fact(
+                        id=fact_id,
+                        text=text,
+                        scope=scope,
+                        type="turn",
+                        session_id=f"{user}:S{session}",
+                        position=position,
+                    )
+                )
+                return fact_id
+
+            if kind == "explicit":
+                gold.append(add(0, 0, _turn_text("user", item["preference"])))
+            else:
+                for position, text in enumerate(_implicit_turns(item, kind)):
+                    gold.append(add(0, position, text))
+            for s, conv in enumerate(rng.sample(filler_convs, fillers), start=1):
+                for position, turn in enumerate(conv):
+                    add(s, position, _turn_text(turn.get("role", "user"), turn.get("content", "")))
+            questions.append(
+                EvalQuestion(
+                    id=user,
+                    question=item["question"],
+                    scope=scope,
+                    gold=gold,
+                    references=[item["preference"]],
+                    gold_mode="all" if kind == "explicit" else "any",
+                    category=topic,
+                )
+            )
+    notes = [f"PrefEval {kind}, {fillers} filler conversations per user, seed {seed}"]
+    return EvalSet(f"prefeval-{kind}", facts, questions, notes)
+
+
+def _implicit_turns(item: Mapping[str, Any], kind: str) -> list[str]:
+    conv = item.get("conversation") or {}
+    if kind == "choice-based":
+        return [
+            _turn_text("user", conv.get("query", "")),
+            _turn_text("assistant", conv.get("assistant_options", "")),
+            _turn_text("user", conv.get("user_selection", "")),
+        ]
+    turns: list[str] = []
+    for key in sorted(conv, key=lambda k: int(k) if str(k).isdigit() else 0):
+        pair = conv[key]
+        turns += [_turn_text("user", pair.get("user", "")), _turn_text("assistant", pair.get("assistant", ""))]
+    return turns
+
+
+# --------------------------------------------------------------------------- MemoryQuest / your own data
+
+
+def _require(obj: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in obj:
+        raise InvalidArgumentError(f"{where}: missing key {key!r}")
+    return obj[key]
+
+
+def user_records(lines: Iterable[str], source: str) -> Iterable[dict[str, Any]]:
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgumentError(f"{source} line {n}: not JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise InvalidArgumentError(f"{source} line {n}: expected one JSON object per line")
+        yield record
+
+
+def load_jsonl(path: str | Path, *, name: str = "memoryquest") -> EvalSet:
+    """One user per line (the MemoryQuest format; ``docs/eval-format.md`` describes every key).
+
+    Facts come from ``facts`` when the line has them, else every turn of ``sessions`` becomes one
+    (``"<speaker>: <text>"``). A query's ``references`` are texts, each optionally with ``fact_ids``;
+    references with ids are scored exactly, the others by an LLM judge.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InvalidArgumentError(f"no file at {path}")
+    facts: list[Fact] = []
+    questions: list[EvalQuestion] = []
+    with path.open(encoding="utf-8") as fh:
+        for n, record in enumerate(user_records(fh, str(path)), 1):
+            where = f"{path} line {n}"
+            user = str(_require(record, "user_id", where))
+            scope = Scope(user_id=user)
+            known: set[str] = set()
+            if record.get("facts"):
+                for i, f in enumerate(record["facts"]):
+                    fid = str(f.get("id") or f"{user}:f{i}")
+                    facts.append(
+                        Fact(
+                            id=fid,
+                            text=str(_require(f, "text", f"{where} fact {i}")),
+                            scope=scope,
+                            type=f.get("type"),
+                            date=parse_date(f["date"]) if f.get("date") else None,
+                            session_id=f.get("session_id"),
+                            position=f.get("position"),
+                        )
+                    )
+                    known.add(fid)
+            else:
+                for s in record.get("sessions", []):
+                    sid = str(_require(s, "id", f"{where} session"))
+                    when = parse_date(s["date"]) if s.get("date") else None
+                    for position, turn in enumerate(s.get("turns", [])):
+                        fid = f"{user}:{sid}:{position}"
+                        speaker = turn.get("speaker") or turn.get("role") or "user"
+                        facts.append(
+                            Fact(
+                                id=fid,
+                                text=f"{speaker}: {_require(turn, 'text', where)}",
+                                scope=scope,
+                                type="turn",
+                                date=when,
+                                session_id=f"{user}:{sid}",
+                                position=position,
+                            )
+                        )
+                        known.add(fid)
+            for j, q in enumerate(record.get("queries", [])):
+                refs = q.get("references", [])
+                gold = [str(i) for r in refs if isinstance(r, Mapping) for i in r.get("fact_ids", [])]
+                texts = [r["text"] if isinstance(r, Mapping) else str(r) for r in refs]
+                questions.append(
+                    EvalQuestion(
+                        id=str(q.get("id") or f"{user}:q{j}"),
+                        question=str(_require(q, "query", f"{where} query {j}")),
+                        scope=scope,
+                        date=parse_date(q["date"]) if q.get("date") else None,
+                        gold=[g for g in gold if g in known],
+                        missing=sum(1 for g in gold if g not in known),
+                        references=texts,
+                        category=str(q.get("category", "")),
+                        answer=q.get("answer"),
+                    )
+                )
+    return EvalSet(name, facts, questions)
+
+
+def load_set(name: str, path: str | Path, **options: Any) -> EvalSet:
+    """``locomo``, ``prefeval`` (options: kind, fillers, per_topic, seed), ``memoryquest`` or ``jsonl``."""
+    if name == "locomo":
+        return load_locomo_set(path)
+    if name == "prefeval":
+        return load_prefeval(path, **options)
+    if name in ("memoryquest", "jsonl"):
+        return load_jsonl(path, name=name)
+    raise InvalidArgumentError(f"unknown data set {name!r}: use locomo, prefeval, memoryquest or jsonl")

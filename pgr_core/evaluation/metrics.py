@@ -1,0 +1,196 @@
+"""Retrieval and answer metrics, each a plain function with a hand-checkable definition.
+
+Exact (gold fact ids known):
+
+- ``recall(found, gold)``: the share of gold ids in ``found``; ``missing`` gold items that name no
+  fact count as misses. With ``mode="any"``, one gold id found is a full hit.
+- ``recall_exact``: 1.0 only when every gold item is found (the paper's RecallExact), else 0.0.
+- ``recall_at(found, gold, n)``: recall over the first ``n`` results, so a method cannot win by
+  returning more.
+
+LLM-judged (reference texts only): :func:`judged_recall` asks a judge LLM, per reference, whether the
+returned records contain it. Answers: :func:`win_rate` has the judge compare two answers twice with
+the order swapped; a win counts 1, a tie or a split verdict 0.5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..errors import LLMError
+from ..llm import LLM, parse_json
+from ..prompts import render
+
+__all__ = [
+    "PairVerdict",
+    "Judged",
+    "judged_recall",
+    "recall",
+    "recall_at",
+    "recall_exact",
+    "win_rate",
+]
+
+Mode = Literal["all", "any"]
+
+
+def recall(found: Iterable[str], gold: Sequence[str], *, missing: int = 0, mode: Mode = "all") -> float:
+    """Share of ``gold`` in ``found``; ``missing`` unresolvable gold items count as misses.
+
+    >>> recall(["a", "x"], ["a", "b"])
+    0.5
+    >>> recall(["a"], ["a"], missing=1)
+    0.5
+    >>> recall(["b"], ["a", "b"], mode="any")
+    1.0
+    """
+    gold_set = set(gold)
+    total = len(gold_set) + missing
+    if total == 0:
+        raise ValueError("recall of a question with no gold is undefined; filter such questions out")
+    hits = len(gold_set.intersection(found))
+    if mode == "any":
+        return 1.0 if hits else 0.0
+    return hits / total
+
+
+def recall_exact(found: Iterable[str], gold: Sequence[str], *, missing: int = 0, mode: Mode = "all") -> float:
+    """1.0 when every gold item is found (any one, with ``mode="any"``), else 0.0.
+
+    >>> recall_exact(["a", "b", "c"], ["a", "b"]), recall_exact(["a"], ["a", "b"])
+    (1.0, 0.0)
+    """
+    return 1.0 if recall(found, gold, missing=missing, mode=mode) == 1.0 else 0.0
+
+
+def recall_at(found: Sequence[str], gold: Sequence[str], n: int, *, missing: int = 0, mode: Mode = "all") -> float:
+    """Recall over the first ``n`` results.
+
+    >>> recall_at(["x", "y", "a"], ["a"], 2), recall_at(["x", "y", "a"], ["a"], 3)
+    (0.0, 1.0)
+    """
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    return recall(list(found)[:n], gold, missing=missing, mode=mode)
+
+
+# --------------------------------------------------------------------------- LLM-judged recall
+
+_RECALL_SCHEMA = {
+    "type": "object",
+    "properties": {"found": {"type": "array", "items": {"type": "boolean"}}},
+    "required": ["found"],
+}
+
+
+@dataclass
+class Judged:
+    """A judged recall: per-reference verdicts (None where the judge gave no usable answer)."""
+
+    found: list[bool | None]
+    calls: int = 0
+    error: str | None = None
+
+    @property
+    def recall(self) -> float | None:
+        """Share of references found; None when the judge failed (counted apart, never as 0)."""
+        if self.error is not None or not self.found:
+            return None
+        return sum(1 for f in self.found if f) / len(self.found)
+
+    @property
+    def exact(self) -> float | None:
+        r = self.recall
+        return None if r is None else (1.0 if r == 1.0 else 0.0)
+
+
+def _numbered(items: Sequence[str], limit: int = 400) -> str:
+    return "\n".join(f"{i}. {' '.join(t.split())[:limit]}" for i, t in enumerate(items, 1)) or "(none)"
+
+
+def judged_recall(
+    judge: LLM, query: str, references: Sequence[str], retrieved: Sequence[str], *, max_tokens: int = 200
+) -> Judged:
+    """Ask ``judge`` which ``references`` the ``retrieved`` texts contain (one call; one retry when the
+    reply is unusable). A judge that fails twice yields ``Judged(error=...)``, never an exception."""
+    if not references:
+        raise ValueError("judged recall needs at least one reference")
+    prompt = render(
+        "judge_recall",
+        query=query,
+        references=_numbered(references),
+        retrieved=_numbered(retrieved, limit=300),
+    )
+    calls, error = 0, None
+    for _ in range(2):
+        calls += 1
+        try:
+            reply = judge.complete([{"role": "user", "content": prompt}], schema=_RECALL_SCHEMA, max_tokens=max_tokens)
+            flags = parse_json(reply.text, _RECALL_SCHEMA)["found"]
+        except LLMError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            continue
+        if len(flags) != len(references):
+            error = f"judge gave {len(flags)} verdicts for {len(references)} references"
+            continue
+        return Judged([bool(f) for f in flags], calls)
+    return Judged([None] * len(references), calls, error)
+
+
+# --------------------------------------------------------------------------- pairwise win rate
+
+_PAIR_SCHEMA = {
+    "type": "object",
+    "properties": {"winner": {"type": "string"}, "reason": {"type": "string"}},
+    "required": ["winner"],
+}
+
+
+@dataclass
+class PairVerdict:
+    """Both orders' verdicts for one question, and the first answer's score (1, 0.5 or 0)."""
+
+    forward: str | None  # "A", "B", "tie" with the first answer shown as A; None: judge failed
+    backward: str | None  # with the first answer shown as B
+    calls: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def score(self) -> float | None:
+        """1 if the first answer wins both orders, 0 if it loses both, 0.5 for ties and split verdicts.
+        None when either order got no usable verdict."""
+        if self.forward is None or self.backward is None:
+            return None
+        first = {"A": 1.0, "B": 0.0, "tie": 0.5}[self.forward]
+        second = {"B": 1.0, "A": 0.0, "tie": 0.5}[self.backward]
+        return (first + second) / 2
+
+
+def _verdict(judge: LLM, query: str, context: str, first: str, second: str, errors: list[str]) -> str | None:
+    prompt = render("judge_pair", query=query, context=context, first=first, second=second)
+    try:
+        reply = judge.complete([{"role": "user", "content": prompt}], schema=_PAIR_SCHEMA, max_tokens=120)
+        winner = str(parse_json(reply.text, _PAIR_SCHEMA)["winner"]).strip().strip(".").upper()
+    except LLMError as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+        return None
+    if winner in ("A", "B"):
+        return winner
+    if winner == "TIE":
+        return "tie"
+    errors.append(f"judge named no winner ({winner!r})")
+    return None
+
+
+def win_rate(judge: LLM, query: str, first: str, second: str, *, context: str = "") -> PairVerdict:
+    """Judge ``first`` against ``second`` twice, swapping which is shown as A.
+
+    ``context`` (optional) is shown to the judge before the replies, e.g. the user's stated preference.
+    """
+    context_block = f"\nWhat is known about the user:\n{context}\n" if context else ""
+    errors: list[str] = []
+    forward = _verdict(judge, query, context_block, first, second, errors)
+    backward = _verdict(judge, query, context_block, second, first, errors)
+    return PairVerdict(forward, backward, 2, errors)

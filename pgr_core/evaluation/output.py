@@ -1,0 +1,94 @@
+"""The report as a Markdown table, a PNG chart (matplotlib, ``pip install 'pgr[eval]'``) and JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .runner import BUDGETS
+
+__all__ = ["markdown", "write_chart", "write_report"]
+
+
+def _f(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    methods: Mapping[str, Mapping[str, Any]] = report["methods"]
+    lines = [f"{report['dataset']}: {report['questions']} questions"]
+    lines += [f"- {note}" for note in report.get("notes", [])]
+    lines.append("")
+    budgets = " | ".join(f"recall@{b}" for b in BUDGETS)
+    lines.append(
+        f"| method | n | {budgets} | recall (all) | facts | query-only at that size | RecallExact@20 "
+        "| recall@20, hard third | judged recall@20 | LLM calls | tokens | s/query | store calls | degraded |"
+    )
+    lines.append("|---" * (13 + len(BUDGETS)) + "|")
+    for name, m in methods.items():
+        at = " | ".join(_f(m["recall_at"].get(str(b))) for b in BUDGETS)
+        lines.append(
+            f"| {name} | {m['questions']} | {at} | {_f(m['recall'])} | {_f(m['facts'], 1)} "
+            f"| {_f(m['query_only_same_size'])} | {_f(m['recall_exact_at'].get('20'))} "
+            f"| {_f(m['recall_at_20_hard_third'])} | {_f(m['judged_recall'])} | {_f(m['llm_calls'], 2)} "
+            f"| {_f(m['tokens'], 0)} | {_f(m['seconds'], 2)} | {_f(m['store_calls'], 2)} | {_f(m['degraded'], 2)} |"
+        )
+    cats = sorted({c for m in methods.values() for c in m["by_category"]}, key=lambda c: (len(c), c))
+    if cats and any(cats):
+        lines += [
+            "",
+            "recall@20 by category:",
+            "",
+            "| method | " + " | ".join(cats) + " |",
+            "|---" * (len(cats) + 1) + "|",
+        ]
+        for name, m in methods.items():
+            lines.append(f"| {name} | " + " | ".join(_f(m["by_category"].get(c)) for c in cats) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_chart(report: Mapping[str, Any], path: Path) -> Path | None:
+    """Grouped bars of recall@N per method, and LLM calls per query beside them. None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    methods: Mapping[str, Mapping[str, Any]] = report["methods"]
+    names = list(methods)
+    fig, (ax, cost) = plt.subplots(
+        1, 2, figsize=(max(8, 1.6 * len(names) + 4), 4.5), gridspec_kw={"width_ratios": [3, 1]}
+    )
+    width = 0.8 / len(BUDGETS)
+    for i, b in enumerate(BUDGETS):
+        values = [methods[n]["recall_at"].get(str(b)) or 0.0 for n in names]
+        xs = [x + (i - (len(BUDGETS) - 1) / 2) * width for x in range(len(names))]
+        bars = ax.bar(xs, values, width, label=f"recall@{b}")
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(range(len(names)), names, rotation=25, ha="right")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("evidence recall")
+    ax.set_title(f"{report['dataset']}: {report['questions']} questions")
+    ax.legend(fontsize=8)
+    calls = [methods[n]["llm_calls"] or 0.0 for n in names]
+    cost.barh(names, calls, color="grey")
+    cost.set_xlabel("LLM calls per query")
+    cost.invert_yaxis()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(report: Mapping[str, Any], json_path: Path) -> dict[str, Path | None]:
+    """Write ``json_path``, and the Markdown and PNG beside it (same name, ``.md`` and ``.png``)."""
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    md = json_path.with_suffix(".md")
+    md.write_text(markdown(report), encoding="utf-8")
+    return {"json": json_path, "markdown": md, "chart": write_chart(report, json_path.with_suffix(".png"))}

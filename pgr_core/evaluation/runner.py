@@ -1,0 +1,255 @@
+"""Run methods over an :class:`EvalSet`, resumably, and summarise what they found and cost.
+
+Every (method, question) result is appended to a records file (JSON lines) as soon as it exists, so
+an interrupted run picks up where it stopped; the first line records the run's settings, and a
+records file written under other settings is set aside (renamed ``.old``) rather than mixed in.
+:func:`summarise` turns records into the report; it is pure and reruns in a second.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..llm import LLM
+from ..store import Store
+from .data import EvalQuestion, EvalSet
+from .methods import LLM_METHODS, make_method, parse_method, scope_probe
+from .metrics import judged_recall, recall, recall_at, recall_exact
+
+__all__ = ["BUDGETS", "run_eval", "summarise"]
+
+BUDGETS = (10, 20, 35)
+DEEP = 400  # how far down the question's own list "query-only at the same size" may read
+
+
+class Progress:
+    """One line per update on stderr: done/total, rate and time left."""
+
+    def __init__(self, total: int, label: str, stream: TextIO | None = None, every: float = 2.0) -> None:
+        self.total, self.label, self.stream, self.every = total, label, stream or sys.stderr, every
+        self.done, self.started, self.last = 0, time.perf_counter(), 0.0
+
+    def step(self, note: str = "") -> None:
+        self.done += 1
+        now = time.perf_counter()
+        if now - self.last < self.every and self.done < self.total:
+            return
+        self.last = now
+        rate = self.done / max(now - self.started, 1e-9)
+        left = (self.total - self.done) / rate if rate else 0.0
+        print(
+            f"  {self.label}: {self.done}/{self.total} ({rate:.2f}/s, ~{left:.0f}s left) {note}",
+            file=self.stream,
+            flush=True,
+        )
+
+
+def _read_records(path: Path, header: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        first = json.loads(lines[0]) if lines else None
+    except json.JSONDecodeError:
+        first = None
+    if not first or first.get("header") != header:
+        path.rename(path.with_suffix(path.suffix + ".old"))
+        return []
+    out = []
+    for line in lines[1:]:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut by an interrupted write: redo from there
+    return out
+
+
+def run_eval(
+    data: EvalSet,
+    methods: Sequence[str],
+    store: Store,
+    *,
+    llm: LLM | None = None,
+    judge: LLM | None = None,
+    records: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> list[dict[str, Any]]:
+    """Run every method on every question; return the records (resumed from ``records`` if present).
+
+    Methods that need an LLM are skipped, with a message, when ``llm`` is None. ``judge`` scores
+    questions that have reference texts but no gold ids (LLM-judged recall).
+    """
+    for name in methods:
+        parse_method(name)
+    header = {"dataset": data.name, "questions": [q.id for q in data.questions], "overrides": dict(overrides or {})}
+    done = _read_records(records, header) if records else []
+    have = {(r["method"], r["question"]) for r in done}
+    fh = None
+    if records:
+        records.parent.mkdir(parents=True, exist_ok=True)
+        fh = records.open("a", encoding="utf-8")
+        if not done:
+            fh.truncate(0)
+            fh.write(json.dumps({"header": header}) + "\n")
+            fh.flush()
+    out = list(done)
+
+    def emit(record: dict[str, Any]) -> None:
+        out.append(record)
+        if fh is not None:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+
+    try:
+        # the question's own deep list and how close its gold is to it: computed once per question
+        embedder = getattr(store, "embedder", None)
+        todo = [q for q in data.questions if ("_deep", q.id) not in have]
+        if todo:
+            progress = Progress(len(todo), "baseline lists")
+            closeness = _closeness(embedder, store, todo)
+            for q, close in zip(todo, closeness, strict=True):
+                emit(
+                    {
+                        "method": "_deep",
+                        "question": q.id,
+                        "ids": scope_probe(store, q.question, q.scope, DEEP),
+                        "closeness": close,
+                    }
+                )
+                progress.step()
+        for name in methods:
+            base, _ = parse_method(name)
+            if base in LLM_METHODS and llm is None:
+                log(f"skipping {name}: it needs an LLM (set PGR_LLM_BASE_URL, or pass --llm-base-url)")
+                continue
+            todo = [q for q in data.questions if (name, q.id) not in have]
+            if not todo:
+                continue
+            method = make_method(name, store, llm=llm, overrides=overrides)
+            progress = Progress(len(todo), name)
+            for q in todo:
+                result = method.run(q)
+                record = {"method": name, "question": q.id, **asdict(result)}
+                if judge is not None and q.references and not q.gold and not q.missing:
+                    texts = [f.text for f in _facts(store, result.ids[:20])]
+                    verdict = judged_recall(judge, q.question, q.references, texts)
+                    record["judged"] = {"found": verdict.found, "error": verdict.error, "calls": verdict.calls}
+                emit(record)
+                progress.step(f"[{q.id}]")
+    finally:
+        if fh is not None:
+            fh.close()
+    return out
+
+
+def _facts(store: Store, ids: Sequence[str]) -> list[Any]:
+    get = getattr(store, "get", None)
+    if get is None:
+        return []
+    return [f for f in (get(i) for i in ids) if f is not None]
+
+
+def _closeness(embedder: Any, store: Store, questions: Sequence[EvalQuestion]) -> list[float | None]:
+    """Max cosine between each question and its gold facts (None without gold or an embedder)."""
+    if embedder is None or getattr(store, "get", None) is None:
+        return [None] * len(questions)
+    q_vecs = embedder.embed([q.question for q in questions])
+    out: list[float | None] = []
+    for vec, q in zip(q_vecs, questions, strict=True):
+        texts = [f.text for f in _facts(store, q.gold)]
+        out.append(float(max(embedder.embed(texts) @ vec)) if texts else None)
+    return out
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def summarise(data: EvalSet, records: Sequence[Mapping[str, Any]], methods: Sequence[str]) -> dict[str, Any]:
+    """The report: per method, recall (all, at each budget, exact), cost and per-category recall@20.
+
+    - ``recall``: over everything the method returned; ``recall_at[N]`` over its first N facts.
+    - ``recall_exact`` / ``recall_exact_at``: share of questions with every gold item found.
+    - ``query_only_same_size``: the question's own list cut at as many facts as the method returned.
+    - ``recall_at_20_hard_third``: the third of questions whose nearest gold fact is least like them.
+    - ``judged_recall``: LLM-judged recall@20 over questions that have only reference texts.
+    """
+    questions = {q.id: q for q in data.questions}
+    by = {(r["method"], r["question"]): r for r in records}
+    closeness = {qid: by[("_deep", qid)].get("closeness") for qid in questions if ("_deep", qid) in by}
+    ranked = sorted((c, qid) for qid, c in closeness.items() if c is not None)
+    hard = {qid for _, qid in ranked[: len(ranked) // 3]}
+    report: dict[str, Any] = {
+        "dataset": data.name,
+        "questions": len(questions),
+        "notes": list(data.notes),
+        "methods": {},
+    }
+    for name in methods:
+        rows: dict[str, list[float]] = defaultdict(list)
+        cats: dict[str, list[float]] = defaultdict(list)
+        n = 0
+        for qid, q in questions.items():
+            r = by.get((name, qid))
+            if r is None:
+                continue
+            n += 1
+            ids = r["ids"]
+            for key in ("llm_calls", "prompt_tokens", "completion_tokens", "seconds", "store_calls"):
+                rows[key].append(float(r.get(key, 0)))
+            rows["tokens"].append(float(r.get("prompt_tokens", 0) + r.get("completion_tokens", 0)))
+            rows["facts"].append(float(len(ids)))
+            rows["degraded"].append(1.0 if r.get("degraded") else 0.0)
+            if q.gold or q.missing:
+                kw = {"missing": q.missing, "mode": q.gold_mode}
+                rows["recall"].append(recall(ids, q.gold, **kw))
+                rows["recall_exact"].append(recall_exact(ids, q.gold, **kw))
+                for b in BUDGETS:
+                    rows[f"@{b}"].append(recall_at(ids, q.gold, b, **kw))
+                    rows[f"exact@{b}"].append(recall_exact(ids[:b], q.gold, **kw))
+                deep = by.get(("_deep", qid), {}).get("ids")
+                if deep is not None:
+                    rows["same"].append(recall(deep[: max(len(ids), 1)], q.gold, **kw))
+                cats[q.category].append(recall_at(ids, q.gold, 20, **kw))
+                if qid in hard:
+                    rows["hard"].append(recall_at(ids, q.gold, 20, **kw))
+            judged = r.get("judged")
+            if judged and judged.get("error") is None and judged.get("found"):
+                found = judged["found"]
+                rows["judged"].append(sum(1 for f in found if f) / len(found))
+                rows["judged_exact"].append(1.0 if all(found) else 0.0)
+            elif judged:
+                rows["judge_failed"].append(1.0)
+        if n == 0:
+            continue
+        report["methods"][name] = {
+            "questions": n,
+            "recall": _mean(rows["recall"]),
+            "recall_at": {str(b): _mean(rows[f"@{b}"]) for b in BUDGETS},
+            "recall_exact": _mean(rows["recall_exact"]),
+            "recall_exact_at": {str(b): _mean(rows[f"exact@{b}"]) for b in BUDGETS},
+            "query_only_same_size": _mean(rows["same"]),
+            "recall_at_20_hard_third": _mean(rows["hard"]),
+            "judged_recall": _mean(rows["judged"]),
+            "judged_recall_exact": _mean(rows["judged_exact"]),
+            "judge_failures": len(rows["judge_failed"]),
+            "facts": _mean(rows["facts"]),
+            "llm_calls": _mean(rows["llm_calls"]),
+            "prompt_tokens": _mean(rows["prompt_tokens"]),
+            "completion_tokens": _mean(rows["completion_tokens"]),
+            "tokens": _mean(rows["tokens"]),
+            "seconds": _mean(rows["seconds"]),
+            "store_calls": _mean(rows["store_calls"]),
+            "degraded": _mean(rows["degraded"]),
+            "by_category": {c: _mean(v) for c, v in sorted(cats.items())},
+        }
+    return report
