@@ -1,9 +1,9 @@
 """nox sessions.
 
-    nox                          # what CI runs: `tests` and every `conformance(<adapter>)`
-    nox -s tests                 # the default suite (no framework installed)
-    nox -s "conformance(qdrant)" # one adapter: installs only its extra, loads only its entry point
-    nox -s llm                   # needs PGR_LLM_BASE_URL, or ../shared/tools/local-llm serve on :8081
+nox                          # what CI runs: `tests` and every `conformance(<adapter>)`
+nox -s tests                 # the default suite (no framework installed)
+nox -s "conformance(qdrant)" # one adapter: installs only its extra, loads only its entry point
+nox -s llm                   # needs PGR_LLM_BASE_URL, or ../shared/tools/local-llm serve on :8081
 """
 
 from __future__ import annotations
@@ -42,7 +42,13 @@ ADAPTERS = {
     "mem0": ("mem0", ("mem0ai>=2,<3",), "mem0", "tests/adapters/test_adapter_mem0.py"),
     # graph memory exists only in mem0ai 1.0.x; kuzu runs embedded
     "mem0_graph": ("dev", ("mem0ai==1.0.11", "kuzu", "rank-bm25"), "mem0", "tests/adapters/test_adapter_mem0_graph.py"),
-    "llamaindex": ("llamaindex", (), "llamaindex", "tests/adapters/test_adapter_llamaindex.py"),
+    # the evaluation baselines (LlamaIndex QueryFusion, HyDE) are tested where llama-index-core is installed
+    "llamaindex": (
+        "llamaindex",
+        (),
+        "llamaindex",
+        "tests/adapters/test_adapter_llamaindex.py tests/adapters/test_eval_baselines.py",
+    ),
 }
 
 
@@ -54,7 +60,7 @@ def conformance(session: nox.Session, adapter: str) -> None:
     _install(session, f"local,dev,{extra}", *more)
     session.env["MEM0_TELEMETRY"] = "False"
     session.env["PGR_LOAD_PLUGINS"] = entry_point
-    session.run("pytest", test_file, *session.posargs)
+    session.run("pytest", *test_file.split(), *session.posargs)
 
 
 @nox.session

@@ -187,7 +187,7 @@ def summarise(data: EvalSet, records: Sequence[Mapping[str, Any]], methods: Sequ
     by = {(r["method"], r["question"]): r for r in records}
     closeness = {qid: by[("_deep", qid)].get("closeness") for qid in questions if ("_deep", qid) in by}
     ranked = sorted((c, qid) for qid, c in closeness.items() if c is not None)
-    hard = {qid for _, qid in ranked[: len(ranked) // 3]}
+    hard = {qid for _, qid in ranked[: max(len(ranked) // 3, 1)]}  # at least one, on tiny sets
     report: dict[str, Any] = {
         "dataset": data.name,
         "questions": len(questions),
