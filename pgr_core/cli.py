@@ -241,6 +241,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         parse_method(m)  # fail before any loading
+    for pair in args.win_rate:
+        if pair.count(":") != 1 or not set(pair.split(":")) <= set(methods):
+            _say(f"pgr: error: --win-rate {pair!r}: write A:B with A and B among --methods")
+            return 2
     options: dict[str, Any] = {}
     if args.dataset == "prefeval":
         options = {"kind": args.prefeval_kind, "fillers": args.fillers, "per_topic": args.per_topic}
@@ -262,6 +266,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     records = json_path.with_suffix(".records.jsonl")
     rows = run_eval(data, methods, store, llm=llm, judge=judge, records=records, overrides=overrides, log=_say)
     report = summarise(data, rows, methods)
+    if args.win_rate:
+        from .evaluation.answers import compare_answers
+
+        if llm is None:
+            _say("pgr: error: --win-rate needs an LLM to answer and to judge")
+            return 2
+        with records.open("a", encoding="utf-8") as fh:
+
+            def emit(record: dict[str, Any]) -> None:
+                rows.append(record)
+                fh.write(json.dumps(record) + "\n")
+                fh.flush()
+
+            report["win_rates"] = [
+                compare_answers(data, rows, store, *pair.split(":", 1), llm=llm, emit=emit) for pair in args.win_rate
+            ]
     if isinstance(llm, CachedLLM):
         report["llm_cache"] = {"root": str(llm.root), "hits": llm.stats.hits, "misses": llm.stats.misses}
     report["command"] = "pgr " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("pgr") else None
@@ -321,6 +341,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--cache", type=Path, default=Path(".pgr-cache/llm"), help="LLM reply cache folder")
     ev.add_argument("--no-cache", action="store_true", help="ask the LLM every time")
     ev.add_argument("--judge", action="store_true", help="LLM-judged recall for questions with reference texts only")
+    ev.add_argument(
+        "--win-rate",
+        action="append",
+        default=[],
+        metavar="A:B",
+        help="answer with each method's top 20 facts and judge A against B (both orders)",
+    )
     ev.add_argument("--set", action="append", default=[], help="PGR option for pgr-* methods, e.g. --set delta=3")
     ev.add_argument("--prefeval-kind", choices=["explicit", "choice-based", "persona-driven"], default="explicit")
     ev.add_argument("--fillers", type=int, default=5, help="PrefEval: filler conversations per history")

@@ -386,3 +386,58 @@ def test_scripted_failures_never_reach_the_runner(tmp_path: Path) -> None:
     rows = run_eval(data, ["pgr-tot"], store, llm=llm)
     tot = [r for r in rows if r["method"] == "pgr-tot"]
     assert len(tot) == 2 and all(r["degraded"] and r["ids"] for r in tot)  # the query's hits survive
+
+
+def test_compare_answers_judges_both_orders_and_resumes() -> None:
+    from pgr_core.evaluation.answers import compare_answers
+
+    store, data = _small_set()
+    rows = run_eval(data, ["query-only", "pgr-facet"], store)
+
+    def handler(messages, schema):  # type: ignore[no-untyped-def]
+        prompt = messages[0]["content"]
+        if schema is None:  # an answer: say which facts it saw
+            return "bus" if "ride the bus" in prompt else "no idea"
+        # the judge prefers whichever reply mentions the bus, in either position
+        a = prompt.split("Reply A:")[1].split("Reply B:")[0]
+        return {"winner": "A" if "bus" in a else "B"}
+
+    llm = ScriptedLLM(handler=handler)
+    result = compare_answers(data, rows, store, "query-only", "pgr-facet", llm=llm)
+    assert result["questions"] == 2 and result["decided"] == 2
+    assert 0.0 <= result["win_rate"] <= 1.0
+    calls = len(llm.calls)
+    assert calls == 2 * (2 + 2)  # per question: two answers, two verdicts
+    again = compare_answers(data, rows, store, "query-only", "pgr-facet", llm=ScriptedLLM([]))
+    assert again == result  # everything came from the records
+
+
+def test_pgr_eval_command_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pgr_core.cli import main
+
+    data = _write_jsonl(tmp_path / "d.jsonl")
+    out = tmp_path / "report.json"
+    code = main(
+        [
+            "eval",
+            "jsonl",
+            "--data",
+            str(data),
+            "--methods",
+            "query-only,pgr-facet+w1",
+            "--json",
+            str(out),
+            "--embedder",
+            "hashing",
+            "--no-llm",
+        ]
+    )
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["dataset"] == "jsonl" and report["questions"] == 3
+    qo = report["methods"]["query-only"]
+    assert set(qo) >= {"recall", "recall_at", "recall_exact", "llm_calls", "tokens", "seconds", "by_category"}
+    assert qo["recall_at"]["20"] == 0.75  # q1: f1 found, its second reference names no fact; q3: found
+    assert out.with_suffix(".md").exists() and out.with_suffix(".records.jsonl").exists()
+    assert "| query-only | 3 |" in capsys.readouterr().out
+    assert main(["eval", "jsonl", "--data", str(data), "--methods", "bm25", "--json", str(out)]) == 2

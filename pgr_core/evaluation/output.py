@@ -35,13 +35,18 @@ def markdown(report: Mapping[str, Any]) -> str:
             f"| {_f(m['recall_at_20_hard_third'])} | {_f(m['judged_recall'])} | {_f(m['llm_calls'], 2)} "
             f"| {_f(m['tokens'], 0)} | {_f(m['seconds'], 2)} | {_f(m['store_calls'], 2)} | {_f(m['degraded'], 2)} |"
         )
+    from .answers import win_rates
+
+    if report.get("win_rates"):
+        lines += ["", "Answer win rates (judge LLM, both orders; a tie or split verdict counts 0.5):", ""]
+        lines += win_rates(report)
     cats = sorted({c for m in methods.values() for c in m["by_category"]}, key=lambda c: (len(c), c))
     if cats and any(cats):
         lines += [
             "",
             "recall@20 by category:",
             "",
-            "| method | " + " | ".join(cats) + " |",
+            "| method | " + " | ".join(c or "(none)" for c in cats) + " |",
             "|---" * (len(cats) + 1) + "|",
         ]
         for name, m in methods.items():

@@ -1,0 +1,115 @@
+"""Answer quality: answers generated from each method's facts, compared pairwise by a judge LLM.
+
+For one question and two methods A and B, each method's first ``k`` facts go into pgr's answer
+prompt (the same prompt, the same LLM, no summary, so only the retrieved facts differ), then the judge
+compares the two answers twice with the order swapped (:func:`~pgr_core.evaluation.metrics.win_rate`).
+A's win rate is the mean score over questions the judge could decide; undecided ones are counted apart.
+Answers and verdicts are appended to the records file, so a comparison resumes like a run does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..errors import LLMError
+from ..llm import LLM
+from ..prompts import render
+from ..prospectors import Prospection
+from ..store import Store
+from ..trace import FoundFact, Trace
+from .data import EvalQuestion, EvalSet
+from .metrics import win_rate
+from .runner import Progress
+
+__all__ = ["answer_with", "compare_answers"]
+
+
+def answer_with(llm: LLM, store: Store, q: EvalQuestion, ids: Sequence[str], *, k: int = 20) -> str | None:
+    """pgr's answer prompt filled with the facts ``ids`` (first ``k``); None when the LLM fails."""
+    get = getattr(store, "get", None)
+    if get is None:
+        raise TypeError("answer comparison needs a store with get(fact_id), e.g. InMemoryStore")
+    facts = [f for f in (get(i) for i in ids[:k]) if f is not None]
+    found = [FoundFact(fact=f, score=0.0, rank_score=0.0, round=0, probe="") for f in facts]
+    p = Prospection(
+        query=q.question,
+        date=q.date,
+        scope=q.scope,
+        trace=Trace(query=q.question, strategy="answer", prospector="none"),
+    )
+    text = render("answer", date=p.date_text(), query=q.question, summary="(none)", memories=p.memory_lines(found, k))
+    try:
+        return llm.complete([{"role": "user", "content": text}], max_tokens=400).text.strip()
+    except LLMError:
+        return None
+
+
+def compare_answers(
+    data: EvalSet,
+    records: list[dict[str, Any]],
+    store: Store,
+    first: str,
+    second: str,
+    *,
+    llm: LLM,
+    judge: LLM | None = None,
+    k: int = 20,
+    emit: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Win rate of ``first``'s answers against ``second``'s over the questions both methods ran."""
+    judge = judge or llm
+    by = {(r["method"], r["question"]): r for r in records}
+    add = emit or records.append
+    tag = f"_win:{first}:{second}"
+    scores: list[float] = []
+    undecided = 0
+    todo = [q for q in data.questions if (first, q.id) in by and (second, q.id) in by]
+    progress = Progress(len(todo), f"answers {first} vs {second}")
+    for q in todo:
+        verdict = by.get((tag, q.id))
+        if verdict is None:
+            answers: dict[str, str | None] = {}
+            for name in (first, second):
+                kept = by.get((f"_answer:{name}", q.id))
+                if kept is None:
+                    kept = {
+                        "method": f"_answer:{name}",
+                        "question": q.id,
+                        "text": answer_with(llm, store, q, by[(name, q.id)]["ids"], k=k),
+                    }
+                    add(kept)
+                    by[(kept["method"], q.id)] = kept
+                answers[name] = kept["text"]
+            score = None
+            if answers[first] and answers[second]:
+                context = "; ".join(q.references) or (f"a reference answer: {q.answer}" if q.answer else "")
+                score = win_rate(judge, q.question, answers[first], answers[second], context=context).score
+            verdict = {"method": tag, "question": q.id, "score": score}
+            add(verdict)
+            by[(tag, q.id)] = verdict
+        if verdict["score"] is None:
+            undecided += 1
+        else:
+            scores.append(verdict["score"])
+        progress.step()
+    return {
+        "first": first,
+        "second": second,
+        "questions": len(todo),
+        "decided": len(scores),
+        "undecided": undecided,
+        "win_rate": sum(scores) / len(scores) if scores else None,
+    }
+
+
+def win_rates(report: Mapping[str, Any]) -> list[str]:
+    """Markdown lines for the comparisons in a report."""
+    lines = []
+    for c in report.get("win_rates", []):
+        rate = "–" if c["win_rate"] is None else f"{c['win_rate']:.3f}"
+        lines.append(
+            f"- {c['first']} vs {c['second']}: win rate {rate} over {c['decided']} judged questions "
+            f"({c['undecided']} undecided)"
+        )
+    return lines
