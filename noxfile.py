@@ -39,7 +39,7 @@ def tests(session: nox.Session) -> None:
 # adapter -> (extra, extra packages, entry point to load, test file)
 ADAPTERS = {
     "qdrant": ("qdrant", (), "qdrant", "tests/adapters/test_adapter_qdrant.py"),
-    "mem0": ("mem0", ("mem0ai>=2,<3",), "mem0", "tests/adapters/test_adapter_mem0.py"),
+    "mem0": ("mem0", ("mem0ai>=2,<3",), "mem0", "tests/adapters/test_adapter_mem0.py tests/adapters/test_eval_mem0.py"),
     # graph memory exists only in mem0ai 1.0.x; kuzu runs embedded
     "mem0_graph": ("dev", ("mem0ai==1.0.11", "kuzu", "rank-bm25"), "mem0", "tests/adapters/test_adapter_mem0_graph.py"),
     # the evaluation baselines (LlamaIndex QueryFusion, HyDE) are tested where llama-index-core is installed

@@ -8,6 +8,8 @@ direct hit brings its N neighbours either side, right after it, and they count i
 - ``pgr-facet``, ``pgr-cot``, ``pgr-tot``: PGR with the LLM-free facet prospector, or an LLM chain / tree.
 - ``query-fusion``: LlamaIndex's ``QueryFusionRetriever`` (the LLM writes 3 more queries, one retrieval
   per query, reciprocal-rank fusion), over a LlamaIndex retriever that searches the same pgr store.
+- ``mem0``: mem0's own ``search`` (top_k 20, its other defaults) on a mem0 ``Memory`` holding the same
+  facts (see ``_mem0.py``); no window (mem0 keeps no turn order).
 - ``hyde``: LlamaIndex's ``HyDEQueryTransform`` writes a hypothetical answer; facts are ranked by the
   cosine to the mean of its embedding and the question's (LlamaIndex's own HyDE retrieval). For unit
   vectors that ranking equals the sum of the two cosines, which is what is computed from one store
@@ -36,7 +38,7 @@ from .data import EvalQuestion
 
 __all__ = ["METHODS", "Method", "MethodOutput", "Meter", "make_method", "parse_method"]
 
-METHODS = ("query-only", "pgr-facet", "pgr-cot", "pgr-tot", "query-fusion", "hyde")
+METHODS = ("query-only", "pgr-facet", "pgr-cot", "pgr-tot", "query-fusion", "hyde", "mem0")
 LLM_METHODS = ("pgr-cot", "pgr-tot", "query-fusion", "hyde")
 
 
@@ -283,6 +285,30 @@ class QueryFusion(Method):
         )
 
 
+class Mem0Search(Method):
+    """mem0's own search over a mem0 Memory holding the data set's facts (built on first use)."""
+
+    def __init__(self, store: Store, *, facts: Sequence[Any] | None, **kw: Any) -> None:
+        super().__init__(store, **kw)
+        if self.window:
+            raise InvalidArgumentError("mem0 keeps no turn order: the mem0 method takes no +wN window")
+        if facts is None:
+            raise InvalidArgumentError("the mem0 method needs the data set's facts (make_method(..., facts=...))")
+        self.facts = facts
+        self.memory: Any = None
+        self.ids: dict[str, str] = {}
+
+    def _run(self, q: EvalQuestion, meter: Meter | None) -> MethodOutput:
+        if self.memory is None:
+            from ._mem0 import build_memory
+
+            self.memory, self.ids = build_memory(self.facts)
+        answer = self.memory.search(q.question, filters=q.scope.as_dict(), top_k=self.top_k)
+        results = answer.get("results", []) if isinstance(answer, Mapping) else answer
+        ids = [self.ids[str(r["id"])] for r in results if str(r.get("id")) in self.ids]
+        return MethodOutput(ids, store_calls=1)
+
+
 def parse_method(name: str) -> tuple[str, int]:
     """``"pgr-tot+w1"`` -> ``("pgr-tot", 1)``; raises for unknown names."""
     base, _, window = name.partition("+w")
@@ -294,7 +320,12 @@ def parse_method(name: str) -> tuple[str, int]:
 
 
 def make_method(
-    name: str, store: Store, *, llm: LLM | None = None, overrides: Mapping[str, Any] | None = None
+    name: str,
+    store: Store,
+    *,
+    llm: LLM | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    facts: Sequence[Any] | None = None,
 ) -> Method:
     base, window = parse_method(name)
     method: Method
@@ -304,6 +335,8 @@ def make_method(
         method = PGRMethod(store, strategy=base[4:], llm=llm, overrides=overrides, window=window)
     elif base == "hyde":
         method = HyDE(store, llm=llm, window=window)
+    elif base == "mem0":
+        method = Mem0Search(store, facts=facts, window=window)
     else:
         method = QueryFusion(store, llm=llm, window=window)
     method.name = name

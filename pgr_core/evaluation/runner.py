@@ -134,7 +134,7 @@ def run_eval(
             todo = [q for q in data.questions if (name, q.id) not in have]
             if not todo:
                 continue
-            method = make_method(name, store, llm=llm, overrides=overrides)
+            method = make_method(name, store, llm=llm, overrides=overrides, facts=data.facts)
             progress = Progress(len(todo), name)
             for q in todo:
                 result = method.run(q)

