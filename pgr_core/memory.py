@@ -6,6 +6,7 @@ import json
 import threading
 import uuid
 import zipfile
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from .types import Capabilities, Fact, Hit, Scope, SearchParams
 __all__ = ["InMemoryStore"]
 
 _FORMAT = "pgr-store/1"
+_SCOPE_CACHE_SIZE = 1024  # scopes whose visible rows are kept between searches
 
 
 @dataclass
@@ -48,7 +50,7 @@ class InMemoryStore(Store):
         self._ids: dict[str, int] = {}
         self._vectors = np.zeros((0, self.embedder.dim), dtype=np.float32)
         self._turns: dict[tuple[str, str, int], int] = {}  # (scope key, session, position) -> row
-        self._scope_cache: dict[Scope, _ScopeIndex] = {}
+        self._scope_cache: OrderedDict[Scope, _ScopeIndex] = OrderedDict()
         self._version = 0
         self._lock = threading.RLock()
         self._aware: bool | None = None  # all dates aware, or all naive
@@ -61,8 +63,9 @@ class InMemoryStore(Store):
         return list(self._facts)
 
     def get(self, fact_id: str) -> Fact | None:
-        row = self._ids.get(fact_id)
-        return None if row is None else self._facts[row]
+        with self._lock:
+            row = self._ids.get(fact_id)
+            return None if row is None else self._facts[row]
 
     # ------------------------------------------------------------------ writing
 
@@ -94,7 +97,9 @@ class InMemoryStore(Store):
     def add_facts(self, facts: Iterable[Fact], *, vectors: np.ndarray | None = None) -> list[str]:
         """Store facts (one embedding batch). Adding an id that exists replaces that fact.
 
-        Every fact is checked before any is stored: a bad one leaves the store unchanged.
+        Every fact is checked before any is stored: a bad one leaves the store unchanged. Writes are
+        copy-on-write: a search running meanwhile keeps reading the rows it started with, so it never
+        sees a row half replaced (nor, through a replaced id, another owner's fact).
         """
         batch = list(facts)
         self._validate(batch)
@@ -107,48 +112,58 @@ class InMemoryStore(Store):
         if not batch or vectors is None:
             return []
         with self._lock:
+            self._check_dates(batch)
+            rows_now = len(self._vectors)
+            facts, turns = list(self._facts), dict(self._turns)
             appended: list[np.ndarray] = []
+            replaced: dict[int, np.ndarray] = {}
             for fact, vector in zip(batch, vectors, strict=True):
                 row = self._ids.get(fact.id)
                 if row is None:
-                    row = len(self._facts)
+                    row = len(facts)
                     self._ids[fact.id] = row
-                    self._facts.append(fact)
+                    facts.append(fact)
                     appended.append(vector)
                 else:
-                    old = self._facts[row]
+                    old = facts[row]
                     if old.session_id is not None and old.position is not None:
-                        self._turns.pop((_scope_key(old.scope), old.session_id, old.position), None)
-                    self._facts[row] = fact
-                    if row < len(self._vectors):
-                        self._vectors[row] = vector
+                        turns.pop((_scope_key(old.scope), old.session_id, old.position), None)
+                    facts[row] = fact
+                    if row < rows_now:
+                        replaced[row] = vector
                     else:  # replaced within this same batch
-                        appended[row - len(self._vectors)] = vector
+                        appended[row - rows_now] = vector
                 if fact.session_id is not None and fact.position is not None:
-                    self._turns[(_scope_key(fact.scope), fact.session_id, fact.position)] = row
+                    turns[(_scope_key(fact.scope), fact.session_id, fact.position)] = row
+            matrix = self._vectors.copy() if replaced else self._vectors
+            for row, vector in replaced.items():
+                matrix[row] = vector
             if appended:
-                self._vectors = np.vstack([self._vectors, np.asarray(appended, dtype=np.float32)])
+                matrix = np.vstack([matrix, np.asarray(appended, dtype=np.float32)])
+            self._facts, self._turns, self._vectors = facts, turns, matrix
             self._version += 1
-            self._scope_cache.clear()
+            self._scope_cache.clear()  # every scope's rows are recomputed after any write or deletion
         return [f.id for f in batch]
 
     def delete(self, fact_ids: Iterable[str]) -> int:
-        """Remove facts by id; returns how many were removed."""
-        doomed = {i for i in fact_ids if i in self._ids}
-        if not doomed:
-            return 0
-        with self._lock:
+        """Remove facts by id; returns how many were removed. Every scope's cached rows are dropped."""
+        wanted = set(fact_ids)
+        with self._lock:  # one critical section: no search sees the store emptied half-way
+            doomed = {i for i in wanted if i in self._ids}
+            if not doomed:
+                return 0
             keep = [r for r, f in enumerate(self._facts) if f.id not in doomed]
             facts = [self._facts[r] for r in keep]
             vectors = self._vectors[keep] if keep else np.zeros((0, self.embedder.dim), np.float32)
             self._facts, self._ids, self._turns = [], {}, {}
             self._vectors = np.zeros((0, self.embedder.dim), dtype=np.float32)
             self._aware = None
-        self.add_facts(facts, vectors=vectors)
+            self._version += 1
+            self._scope_cache.clear()
+            self.add_facts(facts, vectors=vectors)  # the lock is re-entrant
         return len(doomed)
 
     def _validate(self, batch: list[Fact]) -> None:
-        aware = self._aware
         for i, fact in enumerate(batch):
             if not isinstance(fact, Fact):
                 raise InvalidArgumentError(f"item {i} is a {type(fact).__name__}, not a Fact")
@@ -158,6 +173,13 @@ class InMemoryStore(Store):
                 raise InvalidArgumentError(f"fact {i} needs a non-empty string id")
             if (fact.session_id is None) != (fact.position is None):
                 raise InvalidArgumentError(f"fact {fact.id!r}: give both session_id and position, or neither")
+            if not isinstance(fact.scope, Scope):
+                raise InvalidArgumentError(f"fact {fact.id!r} needs a Scope, got {type(fact.scope).__name__}")
+
+    def _check_dates(self, batch: list[Fact]) -> None:
+        """All dates timezone-aware, or all naive (checked under the lock: it reads the store's kind)."""
+        aware = self._aware
+        for fact in batch:
             for moment in (fact.date, fact.updated_at):
                 if moment is None:
                     continue
@@ -174,11 +196,16 @@ class InMemoryStore(Store):
     # ------------------------------------------------------------------ searching
 
     def _rows_for(self, scope: Scope) -> np.ndarray:
+        """The rows ``scope`` may see. Cached per scope (the key is the whole Scope, so two tenants never
+        share an entry); any write or deletion clears the cache; least recently used scopes go first."""
         cached = self._scope_cache.get(scope)
         if cached is not None and cached.version == self._version:
+            self._scope_cache.move_to_end(scope)
             return cached.rows
         rows = np.fromiter((r for r, f in enumerate(self._facts) if scope.allows(f.scope)), dtype=np.int64)
         self._scope_cache[scope] = _ScopeIndex(rows, self._version)
+        while len(self._scope_cache) > _SCOPE_CACHE_SIZE:
+            self._scope_cache.popitem(last=False)
         return rows
 
     def search_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
@@ -186,9 +213,9 @@ class InMemoryStore(Store):
         scope = Scope.coerce(scope)
         if not probes:
             return []
-        with self._lock:
+        with self._lock:  # a consistent snapshot; writers replace these objects, never mutate them
             rows = self._rows_for(scope)
-            facts, vectors = self._facts, self._vectors
+            facts, vectors, turns = self._facts, self._vectors, self._turns
         if rows.size == 0:
             return [[] for _ in probes]
         queries = self.embedder.embed(probes)
@@ -207,20 +234,9 @@ class InMemoryStore(Store):
                 fact = facts[int(rows[local])]
                 hits.append(Hit(fact=fact, score=score, rank=rank))
                 if params.window:
-                    hits.extend(self._neighbours(fact, params.window, rank))
+                    hits.extend(_neighbours(facts, turns, fact, params.window, rank))
             results.append(hits)
         return results
-
-    def _neighbours(self, fact: Fact, window: int, rank: int) -> list[Hit]:
-        if fact.session_id is None or fact.position is None:
-            return []
-        key = _scope_key(fact.scope)
-        out = []
-        for offset in [d for w in range(1, window + 1) for d in (-w, w)]:
-            row = self._turns.get((key, fact.session_id, fact.position + offset))
-            if row is not None:
-                out.append(Hit(fact=self._facts[row], score=0.0, rank=rank, neighbour_of=fact.id))
-        return out
 
     # ------------------------------------------------------------------ files
 
@@ -228,13 +244,15 @@ class InMemoryStore(Store):
         """Write every fact and vector to one file (a zip holding JSON and a numpy array)."""
         path = Path(path)
         meta = {"format": _FORMAT, "embedder": self.embedder.name, "dim": self.embedder.dim}
-        facts = [f.to_dict() for f in self._facts]
+        with self._lock:
+            snapshot, vectors = self._facts, self._vectors
+        facts = [f.to_dict() for f in snapshot]
         tmp = path.with_suffix(path.suffix + ".tmp")
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
             zf.writestr("meta.json", json.dumps(meta))
             zf.writestr("facts.jsonl", "\n".join(json.dumps(f, ensure_ascii=False) for f in facts))
             with zf.open("vectors.npy", "w") as fh:
-                np.save(fh, self._vectors)
+                np.save(fh, vectors)
         tmp.replace(path)  # atomic: a crash mid-save never leaves a half-written store
         return path
 
@@ -262,6 +280,21 @@ class InMemoryStore(Store):
             )
         store.add_facts([_fact_from_dict(json.loads(line)) for line in lines if line], vectors=vectors)
         return store
+
+
+def _neighbours(
+    facts: list[Fact], turns: Mapping[tuple[Any, str, int], int], fact: Fact, window: int, rank: int
+) -> list[Hit]:
+    """The ±window turns of ``fact``'s session, from the same snapshot as the search (same owner only)."""
+    if fact.session_id is None or fact.position is None:
+        return []
+    key = _scope_key(fact.scope)
+    out = []
+    for offset in [d for w in range(1, window + 1) for d in (-w, w)]:
+        row = turns.get((key, fact.session_id, fact.position + offset))
+        if row is not None:
+            out.append(Hit(fact=facts[row], score=0.0, rank=rank, neighbour_of=fact.id))
+    return out
 
 
 def _scope_key(scope: Scope) -> tuple[str | None, str | None, str | None]:

@@ -7,8 +7,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
-from .errors import InvalidArgumentError, StoreError
-from .types import Capabilities, Hit, Scope, SearchParams
+from .errors import ConfigurationError, InvalidArgumentError, StoreError
+from .types import Capabilities, Fact, Hit, Scope, SearchParams
 
 __all__ = ["Store", "validate_probes"]
 
@@ -30,6 +30,13 @@ class Store(ABC):
     probe of that round, so an adapter can embed all probes at once and make one search round trip.
     Declare what the store can do in ``capabilities``; override :meth:`asearch_batch` when the backend
     has a native async client (the default runs the sync method in a thread).
+
+    The policy reaches the hook only through ``_checked_search``, which holds the store to its contract:
+    a scope on every call (``ScopeError`` without one), no search at all on a store whose
+    ``capabilities.scoped`` is False (``ConfigurationError``), and a well-formed answer. A partial batch
+    (fewer or more hit lists than probes), a list with more than ``top_k`` direct hits, anything that
+    is not a list of :class:`Hit`, or a fact outside the caller's scope becomes a :class:`StoreError`,
+    and the policy degrades: that round's hits are discarded, never half-used.
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities()
@@ -56,36 +63,61 @@ class Store(ABC):
         return await asyncio.to_thread(self.search_batch, probes, scope=scope, params=params)
 
     # -- what the policy calls: argument checks and error mapping around the hook
-    def _checked_search(self, probes: Sequence[str], scope: Scope, params: SearchParams) -> list[list[Hit]]:
+    def _precheck(self, probes: Sequence[str], scope: Scope) -> tuple[list[str], Scope]:
         probes = validate_probes(probes)
-        scope = Scope.coerce(scope)
+        scope = Scope.coerce(scope)  # ScopeError without one: pgr never searches unscoped
+        if not self.capabilities.scoped:
+            raise ConfigurationError(
+                f"{type(self).__name__} declares that it cannot filter by scope (capabilities.scoped=False); "
+                "pgr refuses to search it rather than search every tenant's memories. Give it a per-tenant "
+                "index or scope metadata"
+            )
+        return probes, scope
+
+    def _checked_search(self, probes: Sequence[str], scope: Scope, params: SearchParams) -> list[list[Hit]]:
+        probes, scope = self._precheck(probes, scope)
         try:
             result = self.search_batch(probes, scope=scope, params=params)
-        except (StoreError, InvalidArgumentError):
+        except (StoreError, InvalidArgumentError, ConfigurationError):
             raise
         except Exception as exc:
-            raise StoreError(f"{type(self).__name__}.search_batch failed: {exc}") from exc
-        return self._checked_result(probes, scope, result)
+            raise StoreError(f"{type(self).__name__}.search_batch failed: {type(exc).__name__}: {exc}") from exc
+        return self._checked_result(probes, scope, params, result)
 
     async def _achecked_search(self, probes: Sequence[str], scope: Scope, params: SearchParams) -> list[list[Hit]]:
-        probes = validate_probes(probes)
-        scope = Scope.coerce(scope)
+        probes, scope = self._precheck(probes, scope)
         try:
             result = await self.asearch_batch(probes, scope=scope, params=params)
-        except (StoreError, InvalidArgumentError):
+        except (StoreError, InvalidArgumentError, ConfigurationError):
             raise
         except Exception as exc:
-            raise StoreError(f"{type(self).__name__}.asearch_batch failed: {exc}") from exc
-        return self._checked_result(probes, scope, result)
+            raise StoreError(f"{type(self).__name__}.asearch_batch failed: {type(exc).__name__}: {exc}") from exc
+        return self._checked_result(probes, scope, params, result)
 
-    def _checked_result(self, probes: list[str], scope: Scope, result: list[list[Hit]]) -> list[list[Hit]]:
+    def _checked_result(
+        self, probes: list[str], scope: Scope, params: SearchParams, result: object
+    ) -> list[list[Hit]]:
+        name = type(self).__name__
+        if not isinstance(result, list | tuple):
+            raise StoreError(f"{name} returned a {type(result).__name__}, not one list of hits per probe")
         if len(result) != len(probes):
-            raise StoreError(f"{type(self).__name__} returned {len(result)} hit lists for {len(probes)} probes")
+            raise StoreError(f"{name} returned {len(result)} hit lists for {len(probes)} probes (a partial batch)")
+        checked: list[list[Hit]] = []
+        for i, hits in enumerate(result):
+            if not isinstance(hits, list | tuple) or not all(_well_formed(h) for h in hits):
+                raise StoreError(f"{name} returned something other than a list of Hit for probe {i}")
+            direct = sum(1 for h in hits if h.neighbour_of is None)
+            if direct > params.top_k:
+                raise StoreError(f"{name} returned {direct} hits for probe {i}, more than top_k={params.top_k}")
+            checked.append(list(hits))
         # A belt over the adapter's braces: a fact outside the caller's scope never leaves this method.
-        leaked = [h for hits in result for h in hits if not scope.allows(h.fact.scope)]
+        leaked = [h for hits in checked for h in hits if not scope.allows(h.fact.scope)]
         if leaked:
             raise StoreError(
-                f"{type(self).__name__} returned {len(leaked)} fact(s) outside scope {scope.as_dict()}; "
-                "refusing to pass them on"
+                f"{name} returned {len(leaked)} fact(s) outside scope {scope.as_dict()}; refusing to pass them on"
             )
-        return result
+        return checked
+
+
+def _well_formed(hit: object) -> bool:
+    return isinstance(hit, Hit) and isinstance(hit.fact, Fact) and isinstance(hit.fact.scope, Scope)
