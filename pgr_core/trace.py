@@ -17,7 +17,11 @@ StopReason = Literal[
     "llm_error",  # the LLM failed; what was found so far is returned
     "store_error",  # the store failed; what was found so far is returned
     "query_only",  # no prospection was asked for
+    "budget_llm_calls",  # Budget.max_llm_calls was reached; pgr stopped asking the LLM
+    "budget_tokens",  # the next LLM call would not fit in Budget.max_tokens
+    "deadline",  # Budget.deadline_s ran out (before a call, or while one was in flight)
 ]
+BudgetReason = Literal["budget_llm_calls", "budget_tokens", "deadline"]
 
 
 @dataclass
@@ -53,16 +57,33 @@ class DroppedProbe:
 
 @dataclass
 class Usage:
+    """What a retrieval spent, overall (``Trace.usage``) or in one phase (``Trace.usage_by_phase``).
+
+    ``seconds`` is time spent waiting on the LLM, ``store_seconds`` on the store; failed calls count.
+    A phase's wall time (prompt building, hygiene and ranking included) is in ``Trace.seconds_by_phase``.
+    """
+
     llm_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
+    store_calls: int = 0
+    store_seconds: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
     def add(self, other: Usage) -> None:
         self.llm_calls += other.llm_calls
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
         self.seconds += other.seconds
+        self.store_calls += other.store_calls
+        self.store_seconds += other.store_seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total_tokens": self.total_tokens}
 
 
 @dataclass
@@ -134,6 +155,9 @@ class Trace:
     usage_by_phase: dict[str, Usage] = field(default_factory=dict)
     seconds_by_phase: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    budget: dict[str, float] | None = None  # the caps this call ran under (None: no cap)
+    budget_hit: BudgetReason | None = None  # the cap that stopped pgr asking the LLM
+    budget_phase: str | None = None  # the phase whose LLM call (or round) that cap refused
 
     @property
     def store_calls(self) -> int:
@@ -152,8 +176,15 @@ class Trace:
         self.stop_reason = reason
         self.errors.append(f"{type(error).__name__}: {error}")
 
+    def hit_budget(self, reason: BudgetReason, phase: str) -> None:
+        """Record the first cap reached; a budget stop is by design, so the result is not ``degraded``."""
+        if self.budget_hit is None:
+            self.budget_hit, self.budget_phase = reason, phase
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        out["usage"] = self.usage.to_dict()
+        out["usage_by_phase"] = {phase: u.to_dict() for phase, u in self.usage_by_phase.items()}
         out["store_calls"] = self.store_calls
         out["dropped_probes"] = self.dropped_probes
         out["llm_calls"] = self.usage.llm_calls
@@ -175,6 +206,11 @@ class RetrievalResult:
     @property
     def degraded(self) -> bool:
         return self.trace.degraded
+
+    @property
+    def usage(self) -> Usage:
+        """What the call spent overall (per phase: ``trace.usage_by_phase``)."""
+        return self.trace.usage
 
     def top(self, n: int) -> list[FoundFact]:
         """The first ``n`` facts of R* (neighbours count), for comparisons at an equal budget."""

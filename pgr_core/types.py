@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError, ScopeError
 
-__all__ = ["Capabilities", "Fact", "Hit", "Scope", "SearchParams"]
+__all__ = ["Budget", "Capabilities", "Fact", "Hit", "Scope", "SearchParams"]
 
 
 @dataclass(frozen=True)
@@ -150,3 +150,79 @@ class Capabilities:
     cosine_scores: bool = False  # scores are cosine similarities in [-1, 1], so τ means what it says
     window: bool = False  # keeps session and position, so SearchParams.window works
     native_async: bool = False
+    # Every search is filtered by the caller's scope in the backend itself. A store that cannot do that
+    # (a shared index without owner metadata) declares False, and pgr refuses to search it at all
+    # rather than search unscoped (ConfigurationError when PGR is built or a search is made).
+    scoped: bool = True
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Caps on what one retrieval (or answer) may spend; ``None`` leaves a cap off.
+
+    - ``max_llm_calls``: LLM calls, repair retries and failed calls included (0: never ask the LLM).
+    - ``max_tokens``: prompt + completion tokens. A call starts only when the tokens spent so far, its
+      prompt (estimated as characters / 4) and its own ``max_tokens`` all fit, so the cap holds up to
+      the error of that estimate.
+    - ``deadline_s``: seconds from the start of the call, checked before every LLM call and every
+      Phase-2 round. A call in flight gets the time left as its timeout (clients whose
+      ``accepts_timeout`` is set) or is abandoned when the time runs out.
+
+    When a cap is reached pgr stops asking the LLM and returns what it has, at least the query's own
+    hits (the query is always probed). ``trace.budget_hit`` names the cap (``"budget_llm_calls"``,
+    ``"budget_tokens"`` or ``"deadline"``), and so does ``trace.stop_reason`` when it cut the rounds short.
+    A per-call budget can only tighten the instance's: each cap is the smaller of the two.
+
+    >>> Budget(max_llm_calls=3, deadline_s=2.5).tightened(Budget(max_llm_calls=5, max_tokens=4000))
+    Budget(max_llm_calls=3, max_tokens=4000, deadline_s=2.5)
+    """
+
+    max_llm_calls: int | None = None
+    max_tokens: int | None = None
+    deadline_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_llm_calls", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise InvalidArgumentError(f"Budget.{name} must be None or an integer >= 0, got {value!r}")
+        d = self.deadline_s
+        if d is not None and (
+            isinstance(d, bool) or not isinstance(d, int | float) or math.isnan(d) or math.isinf(d) or d <= 0
+        ):
+            raise InvalidArgumentError(f"Budget.deadline_s must be None or a finite number of seconds > 0, got {d!r}")
+
+    @property
+    def unlimited(self) -> bool:
+        return self.max_llm_calls is None and self.max_tokens is None and self.deadline_s is None
+
+    def tightened(self, other: Budget | None) -> Budget:
+        """Each cap the smaller of this budget's and ``other``'s (a missing cap loses to a set one)."""
+        if other is None:
+            return self
+
+        def least(a: Any, b: Any) -> Any:
+            return b if a is None else a if b is None else min(a, b)
+
+        return Budget(
+            least(self.max_llm_calls, other.max_llm_calls),
+            least(self.max_tokens, other.max_tokens),
+            least(self.deadline_s, other.deadline_s),
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        """The caps that are set, e.g. ``{"max_llm_calls": 3}``."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @classmethod
+    def coerce(cls, value: Budget | Mapping[str, Any] | None, *, what: str = "budget") -> Budget | None:
+        if value is None or isinstance(value, Budget):
+            return value
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"max_llm_calls", "max_tokens", "deadline_s"}
+            if unknown:
+                raise InvalidArgumentError(
+                    f"unknown {what} key(s) {sorted(unknown)}; use max_llm_calls, max_tokens, deadline_s"
+                )
+            return cls(**value)
+        raise InvalidArgumentError(f"{what} must be a Budget (or a mapping of its fields), not {type(value).__name__}")
