@@ -55,7 +55,8 @@ def markdown(report: Mapping[str, Any]) -> str:
 
 
 def write_chart(report: Mapping[str, Any], path: Path) -> Path | None:
-    """Grouped bars of recall@N per method, and LLM calls per query beside them. None without matplotlib."""
+    """Recall@N per method (LLM calls in the labels), and each method's whole list against query-only cut at
+    the same size. None without matplotlib."""
     try:
         import matplotlib
 
@@ -65,8 +66,9 @@ def write_chart(report: Mapping[str, Any], path: Path) -> Path | None:
         return None
     methods: Mapping[str, Mapping[str, Any]] = report["methods"]
     names = list(methods)
-    fig, (ax, cost) = plt.subplots(
-        1, 2, figsize=(max(8, 1.6 * len(names) + 4), 4.5), gridspec_kw={"width_ratios": [3, 1]}
+    labels = [f"{n}\n{methods[n]['llm_calls']:.1f} LLM calls" if methods[n].get("llm_calls") else n for n in names]
+    fig, (ax, same) = plt.subplots(
+        1, 2, figsize=(max(10, 2.2 * len(names) + 4), 4.8), gridspec_kw={"width_ratios": [3, 2]}
     )
     width = 0.8 / len(BUDGETS)
     for i, b in enumerate(BUDGETS):
@@ -74,15 +76,24 @@ def write_chart(report: Mapping[str, Any], path: Path) -> Path | None:
         xs = [x + (i - (len(BUDGETS) - 1) / 2) * width for x in range(len(names))]
         bars = ax.bar(xs, values, width, label=f"recall@{b}")
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.set_xticks(range(len(names)), names, rotation=25, ha="right")
+    ax.set_xticks(range(len(names)), labels, rotation=25, ha="right", fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("evidence recall")
-    ax.set_title(f"{report['dataset']}: {report['questions']} questions")
+    ax.set_title(f"{report['dataset']}: {report['questions']} questions, at a fixed number of facts", fontsize=10)
     ax.legend(fontsize=8)
-    calls = [methods[n]["llm_calls"] or 0.0 for n in names]
-    cost.barh(names, calls, color="grey")
-    cost.set_xlabel("LLM calls per query")
-    cost.invert_yaxis()
+    # everything a method returned, against the question's own list cut at the same size
+    xs = list(range(len(names)))
+    mine = [methods[n]["recall"] or 0.0 for n in names]
+    base = [methods[n]["query_only_same_size"] or 0.0 for n in names]
+    b1 = same.bar([x - 0.2 for x in xs], mine, 0.4, label="all it returned")
+    b2 = same.bar([x + 0.2 for x in xs], base, 0.4, label="query-only, same size", color="grey")
+    same.bar_label(b1, fmt="%.2f", fontsize=7)
+    same.bar_label(b2, fmt="%.2f", fontsize=7)
+    facts = [f"{n}\n{methods[n]['facts']:.0f} facts" for n in names]
+    same.set_xticks(xs, facts, rotation=25, ha="right", fontsize=8)
+    same.set_ylim(0, 1)
+    same.set_title("whole list vs query-only at that size", fontsize=10)
+    same.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
