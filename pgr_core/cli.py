@@ -298,6 +298,38 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_memoryquest(args: argparse.Namespace) -> int:
+    """Build a MemoryQuest data set from persona profiles (resumable: rerun the same command)."""
+    from .errors import ConfigurationError
+    from .evaluation.memoryquest import build_memoryquest
+
+    if args.base_url or args.model:
+        from .llm import OpenAICompatible
+
+        llm: LLM | None = OpenAICompatible(base_url=args.base_url, model=args.model, timeout=args.llm_timeout)
+    else:
+        llm = llm_from_env()
+    if llm is None:
+        raise ConfigurationError(
+            "memoryquest build needs an LLM: pass --base-url and --model, or set PGR_LLM_BASE_URL and PGR_LLM_MODEL"
+        )
+    out = build_memoryquest(
+        args.personas,
+        args.out,
+        llm=llm,
+        embedder=_embedder(args.embedder),
+        work_dir=args.work,
+        cache_dir=args.cache,
+        max_queries_per_user=args.max_queries,
+        max_cosine=args.max_cosine,
+        seed=args.seed,
+        log=_say,
+    )
+    print((args.work / "summary.json").read_text(encoding="utf-8"))
+    _say(f"written: {out} (load it with `pgr eval memoryquest --data {out}`)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pgr", description="Prospection-Guided Retrieval")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -358,6 +390,21 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--llm-timeout", type=float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "120")))
     ev.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
     ev.set_defaults(func=cmd_eval)
+
+    mq = sub.add_parser("memoryquest", help="build a MemoryQuest data set from persona profiles with an LLM")
+    mq.add_argument("action", choices=["build"])
+    mq.add_argument("--personas", type=Path, required=True, help="JSONL of {user_id, persona} lines")
+    mq.add_argument("--out", type=Path, required=True, help="the data set to write (JSONL, docs/eval-format.md)")
+    mq.add_argument("--work", type=Path, required=True, help="checkpoint folder: rerun with it to resume")
+    mq.add_argument("--cache", type=Path, default=None, help="LLM reply cache folder")
+    mq.add_argument("--max-queries", type=int, default=15, help="requests per user (the paper: 15)")
+    mq.add_argument("--max-cosine", type=float, default=0.3, help="mean query-reference cosine allowed (0.3)")
+    mq.add_argument("--seed", type=int, default=0, help="draws the requests' dates")
+    mq.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
+    mq.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
+    mq.add_argument("--llm-timeout", type=float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "120")))
+    mq.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm", help="for the cosine filter")
+    mq.set_defaults(func=cmd_memoryquest)
 
     plug = sub.add_parser("plugins", help="list plugins and what they register")
     plug.set_defaults(func=cmd_plugins)

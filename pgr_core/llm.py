@@ -12,11 +12,13 @@ import json
 import os
 import random
 import re
+import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from .errors import (
     ConfigurationError,
@@ -61,9 +63,15 @@ class Completion:
 
 
 class LLM(ABC):
-    """A chat model. Implement :meth:`complete`; :meth:`acomplete` runs it in a thread by default."""
+    """A chat model. Implement :meth:`complete`; :meth:`acomplete` runs it in a thread by default.
+
+    Set ``accepts_timeout`` when :meth:`complete` and :meth:`acomplete` also take ``timeout=`` (seconds
+    for the whole call, retries and waits included): under a :class:`~pgr_core.types.Budget` deadline pgr
+    then passes the time left. Without it, pgr abandons a call still running when the deadline passes.
+    """
 
     name: str = "llm"
+    accepts_timeout: ClassVar[bool] = False
 
     @abstractmethod
     def complete(
@@ -165,8 +173,16 @@ class OpenAICompatible(LLM):
     ...}`` for the rest of the client's life. Errors 408/409/429/5xx are retried with exponential
     backoff (honouring ``Retry-After``), ``max_retries`` times.
 
+    ``timeout`` bounds each attempt; a ``timeout=`` passed to :meth:`complete` bounds the whole call
+    (waiting for a free slot, every attempt and every backoff): a ``Retry-After`` longer than the time
+    left ends the call at once. ``max_concurrency`` (16) bounds the requests in flight, and so the
+    connections in use: across threads for :meth:`complete`, per event loop for :meth:`acomplete`.
+    A call waits for a free slot; the slot is released while it backs off.
+
     >>> llm = OpenAICompatible(base_url="http://127.0.0.1:8081/v1", model="qwen")  # doctest: +SKIP
     """
+
+    accepts_timeout = True
 
     def __init__(
         self,
@@ -179,7 +195,10 @@ class OpenAICompatible(LLM):
         backoff: float = 0.5,
         max_backoff: float = 20.0,
         structured: StructuredMode = "auto",
+        max_concurrency: int = 16,
     ) -> None:
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise InvalidArgumentError(f"max_concurrency must be an integer >= 1, got {max_concurrency!r}")
         if structured not in ("auto", "json_schema", "json_object", "none"):
             raise InvalidArgumentError(
                 f"structured must be 'auto', 'json_schema', 'json_object' or 'none', got {structured!r}"
@@ -208,9 +227,15 @@ class OpenAICompatible(LLM):
         self.max_backoff = max_backoff
         self.structured: StructuredMode = structured
         self.name = f"openai-compatible:{self.model}"
+        self.max_concurrency = max_concurrency
         self._client: Any = None
-        self._aclient: Any = None
-        self._aclient_loop: asyncio.AbstractEventLoop | None = None
+        self._slots = threading.BoundedSemaphore(max_concurrency)  # sync requests in flight
+        # One async client and one slot semaphore per event loop: pooled connections die with the loop
+        # that opened them (asyncio.run twice), and an asyncio.Semaphore belongs to one loop.
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, asyncio.Semaphore]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"OpenAICompatible(base_url={self.base_url!r}, model={self.model!r})"
@@ -224,21 +249,23 @@ class OpenAICompatible(LLM):
         return openai
 
     def _sync_client(self) -> Any:
-        if self._client is None:
-            self._client = self._openai().OpenAI(
-                base_url=self.base_url, api_key=self._api_key, timeout=self.timeout, max_retries=0
-            )
-        return self._client
+        with self._lock:
+            if self._client is None:
+                self._client = self._openai().OpenAI(
+                    base_url=self.base_url, api_key=self._api_key, timeout=self.timeout, max_retries=0
+                )
+            return self._client
 
-    def _async_client(self) -> Any:
-        # One per event loop: pooled connections die with the loop that opened them (asyncio.run twice).
+    def _async_state(self) -> tuple[Any, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
-        if self._aclient is None or self._aclient_loop is not loop:
-            self._aclient = self._openai().AsyncOpenAI(
-                base_url=self.base_url, api_key=self._api_key, timeout=self.timeout, max_retries=0
-            )
-            self._aclient_loop = loop
-        return self._aclient
+        with self._lock:
+            state = self._per_loop.get(loop)
+            if state is None:
+                client = self._openai().AsyncOpenAI(
+                    base_url=self.base_url, api_key=self._api_key, timeout=self.timeout, max_retries=0
+                )
+                state = self._per_loop[loop] = (client, asyncio.Semaphore(self.max_concurrency))
+            return state
 
     # -- request building and error mapping, shared by sync and async
     def _mode_for(self, schema: Mapping[str, Any] | None) -> str:
@@ -270,10 +297,10 @@ class OpenAICompatible(LLM):
             kwargs["response_format"] = {"type": "json_object", "schema": dict(schema)}
         return kwargs
 
-    def _map_error(self, exc: Exception) -> LLMError:
+    def _map_error(self, exc: Exception, waited: float | None = None) -> LLMError:
         openai = self._openai()
         if isinstance(exc, openai.APITimeoutError):
-            return LLMTimeoutError(f"{self.name}: no answer within {self.timeout:g}s")
+            return LLMTimeoutError(f"{self.name}: no answer within {waited or self.timeout:.3g}s")
         if isinstance(exc, openai.APIConnectionError):
             return LLMConnectionError(f"{self.name}: cannot reach {self.base_url or 'api.openai.com'} ({exc})")
         if isinstance(exc, openai.APIStatusError):
@@ -320,6 +347,26 @@ class OpenAICompatible(LLM):
         )
 
     # -- the protocol
+    def _time_left(self, started: float, timeout: float | None) -> float | None:
+        """Seconds left of a whole-call ``timeout`` (None: no overall bound); raises once none is left."""
+        if timeout is None:
+            return None
+        left = timeout - (time.perf_counter() - started)
+        if left <= 0:
+            raise LLMTimeoutError(f"{self.name}: no answer within {timeout:.3g}s")
+        return left
+
+    def _next_try(
+        self, exc: Exception, mode: str, attempt: int, started: float, timeout: float | None
+    ) -> tuple[str, float]:
+        """After a failed attempt: the next mode and the wait before it, or raise the mapped error."""
+        next_mode, delay = self._decide(exc, mode, attempt)
+        if delay is not None and timeout is not None and time.perf_counter() - started + delay >= timeout:
+            delay = None  # a Retry-After (or backoff) longer than the time left: give up now
+        if delay is None:
+            raise self._map_error(exc, timeout) from exc
+        return next_mode, delay
+
     def complete(
         self,
         messages: Sequence[Message],
@@ -327,20 +374,27 @@ class OpenAICompatible(LLM):
         schema: Mapping[str, Any] | None = None,
         max_tokens: int = 512,
         temperature: float = 0.0,
+        timeout: float | None = None,
     ) -> Completion:
         mode, attempt, started = self._mode_for(schema), 0, time.perf_counter()
         while True:
+            left = self._time_left(started, timeout)
             kwargs = self._request(self.model or "", messages, schema, mode, max_tokens, temperature)
+            if left is not None:
+                kwargs["timeout"] = min(left, self.timeout)
+            if not self._slots.acquire(timeout=left):
+                raise LLMTimeoutError(f"{self.name}: no free request slot within {timeout:.3g}s")
             try:
                 response = self._sync_client().chat.completions.create(**kwargs)
                 return self._completion(response, messages, started)
             except Exception as exc:  # every failure is mapped to an LLMError below
-                next_mode, delay = self._decide(exc, mode, attempt)
-                if delay is None:
-                    raise self._map_error(exc) from exc
-                attempt += 0 if next_mode != mode else 1  # a format switch is no retry, Retry-After: 0 is
-                mode = next_mode
-                time.sleep(delay)
+                failure = exc
+            finally:
+                self._slots.release()
+            next_mode, delay = self._next_try(failure, mode, attempt, started, timeout)
+            attempt += 0 if next_mode != mode else 1  # a format switch is no retry, Retry-After: 0 is
+            mode = next_mode
+            time.sleep(delay)
 
     async def acomplete(
         self,
@@ -349,20 +403,30 @@ class OpenAICompatible(LLM):
         schema: Mapping[str, Any] | None = None,
         max_tokens: int = 512,
         temperature: float = 0.0,
+        timeout: float | None = None,
     ) -> Completion:
         mode, attempt, started = self._mode_for(schema), 0, time.perf_counter()
+        client, slots = self._async_state()
         while True:
+            left = self._time_left(started, timeout)
             kwargs = self._request(self.model or "", messages, schema, mode, max_tokens, temperature)
+            if left is not None:
+                kwargs["timeout"] = min(left, self.timeout)
             try:
-                response = await self._async_client().chat.completions.create(**kwargs)
+                await asyncio.wait_for(slots.acquire(), left)
+            except TimeoutError:
+                raise LLMTimeoutError(f"{self.name}: no free request slot within {timeout:.3g}s") from None
+            try:
+                response = await client.chat.completions.create(**kwargs)
                 return self._completion(response, messages, started)
             except Exception as exc:
-                next_mode, delay = self._decide(exc, mode, attempt)
-                if delay is None:
-                    raise self._map_error(exc) from exc
-                attempt += 0 if next_mode != mode else 1  # a format switch is no retry, Retry-After: 0 is
-                mode = next_mode
-                await asyncio.sleep(delay)
+                failure = exc
+            finally:
+                slots.release()
+            next_mode, delay = self._next_try(failure, mode, attempt, started, timeout)
+            attempt += 0 if next_mode != mode else 1  # a format switch is no retry, Retry-After: 0 is
+            mode = next_mode
+            await asyncio.sleep(delay)
 
 
 def llm_from_env() -> LLM | None:

@@ -24,6 +24,7 @@ __all__ = ["InMemoryStore"]
 
 _FORMAT = "pgr-store/1"
 _SCOPE_CACHE_SIZE = 1024  # scopes whose visible rows are kept between searches
+_ScopeKey = tuple[str | None, str | None, str | None]
 
 
 @dataclass
@@ -49,7 +50,7 @@ class InMemoryStore(Store):
         self._facts: list[Fact] = []
         self._ids: dict[str, int] = {}
         self._vectors = np.zeros((0, self.embedder.dim), dtype=np.float32)
-        self._turns: dict[tuple[str, str, int], int] = {}  # (scope key, session, position) -> row
+        self._turns: dict[tuple[_ScopeKey, str, int], int] = {}  # (scope key, session, position) -> row
         self._scope_cache: OrderedDict[Scope, _ScopeIndex] = OrderedDict()
         self._version = 0
         self._lock = threading.RLock()
@@ -283,7 +284,7 @@ class InMemoryStore(Store):
 
 
 def _neighbours(
-    facts: list[Fact], turns: Mapping[tuple[Any, str, int], int], fact: Fact, window: int, rank: int
+    facts: list[Fact], turns: Mapping[tuple[_ScopeKey, str, int], int], fact: Fact, window: int, rank: int
 ) -> list[Hit]:
     """The ±window turns of ``fact``'s session, from the same snapshot as the search (same owner only)."""
     if fact.session_id is None or fact.position is None:
@@ -297,7 +298,7 @@ def _neighbours(
     return out
 
 
-def _scope_key(scope: Scope) -> tuple[str | None, str | None, str | None]:
+def _scope_key(scope: Scope) -> _ScopeKey:
     return (scope.user_id, scope.agent_id, scope.run_id)
 
 

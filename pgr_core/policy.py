@@ -8,13 +8,17 @@
     4. answer (optional)    PAG: a reply from R* and the summary
 
 Every step is a generator yielding :class:`Search` / :class:`Ask` effects; :meth:`PGR._drive` and
-:meth:`PGR._adrive` perform them, so the sync and async APIs share one flow.
+:meth:`PGR._adrive` perform them, so the sync and async APIs share one flow. The drivers also hold the
+call's :class:`Budget`: a refused LLM call is thrown back into the flow, and the phase that asked stops
+prospecting and keeps what it has.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,18 +27,25 @@ from typing import Any
 from ._dates import DateLike, check_same_kind, parse_date
 from ._effects import Ask, Flow, Search
 from .embedders import Embedder
-from .errors import ConfigurationError, InvalidArgumentError, LLMError, StoreError
+from .errors import ConfigurationError, InvalidArgumentError, LLMError, LLMTimeoutError, StoreError
 from .hygiene import Hygiene, clean_steps
 from .llm import LLM, Completion
+from .llm import Usage as CallUsage
 from .prompts import render
 from .prospectors import FacetProspector, LLMProspector, Prospection, Prospector, plain_summary
 from .store import Store
-from .trace import FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
-from .types import Hit, Scope, SearchParams
+from .trace import BudgetReason, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
+from .types import Budget, Hit, Scope, SearchParams
 
 __all__ = ["PGR", "Answer", "PGRConfig"]
 
 _RRF_K = 60  # reciprocal-rank fusion constant (Cormack et al.): damps the weight of rank 1
+_ANSWER_TOKENS = 500  # max_tokens of the answer call; answer() keeps them (and one call) in reserve
+_MAX_INTENT_CHARS = 600  # q_A goes into every later prompt: a runaway restatement is cut
+_MAX_SUMMARY_CHARS = 2000
+_ABANDONED = "no answer in the {seconds:.3g}s the deadline left; the call was abandoned"
+
+BudgetArg = Budget | Mapping[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,8 @@ class PGRConfig:
     - ``query_weight``: weight of the query's own hit list when R* is ranked by fused rank (above
       1.32, every query hit in its top 20 outranks any fact found only by step probes, so R*'s first
       20 facts are the baseline's and prospection adds what comes after).
+    - ``budget``: the :class:`Budget` every call runs under (LLM calls, tokens, deadline; no cap by
+      default). A call's own ``budget=`` can only tighten it.
     """
 
     top_k: int = 5
@@ -68,8 +81,10 @@ class PGRConfig:
     query_weight: float = 1.5
     augment: bool = True
     hygiene: Hygiene = field(default_factory=Hygiene)
+    budget: Budget = field(default_factory=Budget)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "budget", Budget.coerce(self.budget) or Budget())
         self.probe_params()  # validates top_k, min_score, window
         SearchParams(self.augment_top_k, self.augment_min_score)
         SearchParams(self.query_only_k, 0.0)
@@ -154,6 +169,11 @@ class PGR:
             )
         base = config or PGRConfig()
         self.config = PGRConfig(**{**base.__dict__, **overrides}) if overrides else base
+        if not store.capabilities.scoped:
+            raise ConfigurationError(
+                f"{type(store).__name__} cannot filter by scope (capabilities.scoped=False): pgr refuses to run "
+                "on a store it would have to search unscoped"
+            )
         self.store = store
         self.llm = llm
         self.prospector = _strategy_prospector(strategy, llm)
@@ -167,17 +187,33 @@ class PGR:
     # ================================================================== public API
 
     def retrieve(
-        self, query: str, *, scope: Scope | Mapping[str, str], date: DateLike | None = None
+        self,
+        query: str,
+        *,
+        scope: Scope | Mapping[str, str],
+        date: DateLike | None = None,
+        budget: BudgetArg = None,
     ) -> RetrievalResult:
         """Run prospection and return R* (ranked), the summary and the trace. Never raises for LLM or
-        store failures: the result is then ``degraded`` and holds what was found so far."""
-        return self._drive(self._retrieve_flow(*self._check(query, scope, date)))
+        store failures: the result is then ``degraded`` and holds what was found so far.
+
+        ``budget`` caps this call's LLM calls, tokens and time (see :class:`Budget`); when a cap is
+        reached the result holds what was found so far and ``trace.budget_hit`` names the cap.
+        """
+        meter = self._meter(budget)
+        return self._drive(self._retrieve_flow(*self._check(query, scope, date), meter), meter)
 
     async def aretrieve(
-        self, query: str, *, scope: Scope | Mapping[str, str], date: DateLike | None = None
+        self,
+        query: str,
+        *,
+        scope: Scope | Mapping[str, str],
+        date: DateLike | None = None,
+        budget: BudgetArg = None,
     ) -> RetrievalResult:
         """Async twin of :meth:`retrieve`."""
-        return await self._adrive(self._retrieve_flow(*self._check(query, scope, date)))
+        meter = self._meter(budget)
+        return await self._adrive(self._retrieve_flow(*self._check(query, scope, date), meter), meter)
 
     def query_only(
         self,
@@ -206,13 +242,33 @@ class PGR:
         """Async twin of :meth:`query_only`."""
         return await self._adrive(self._query_only_flow(*self._check(query, scope, date), top_k, window))
 
-    def answer(self, query: str, *, scope: Scope | Mapping[str, str], date: DateLike | None = None) -> Answer:
-        """Prospection-augmented generation: retrieve, then answer from R* and the summary."""
-        return self._drive(self._answer_flow(*self._check(query, scope, date, needs_llm=True)))
+    def answer(
+        self,
+        query: str,
+        *,
+        scope: Scope | Mapping[str, str],
+        date: DateLike | None = None,
+        budget: BudgetArg = None,
+    ) -> Answer:
+        """Prospection-augmented generation: retrieve, then answer from R* and the summary.
 
-    async def aanswer(self, query: str, *, scope: Scope | Mapping[str, str], date: DateLike | None = None) -> Answer:
+        Under a ``budget``, retrieval leaves one LLM call and the answer's 500 completion tokens for the
+        answer; when even that does not fit, ``text`` is empty and the answer is ``degraded``.
+        """
+        meter = self._meter(budget)
+        return self._drive(self._answer_flow(*self._check(query, scope, date, needs_llm=True), meter), meter)
+
+    async def aanswer(
+        self,
+        query: str,
+        *,
+        scope: Scope | Mapping[str, str],
+        date: DateLike | None = None,
+        budget: BudgetArg = None,
+    ) -> Answer:
         """Async twin of :meth:`answer`."""
-        return await self._adrive(self._answer_flow(*self._check(query, scope, date, needs_llm=True)))
+        meter = self._meter(budget)
+        return await self._adrive(self._answer_flow(*self._check(query, scope, date, needs_llm=True), meter), meter)
 
     # ================================================================== argument checks
 
@@ -225,35 +281,46 @@ class PGR:
             raise ConfigurationError("answer() needs an LLM: pass llm=... to PGR or set PGR_LLM_BASE_URL")
         return query.strip(), Scope.coerce(scope), parse_date(date, what="date")
 
+    def _meter(self, budget: BudgetArg) -> _Meter:
+        """This call's budget: the instance's, tightened by the call's own (checked here, up front)."""
+        return _Meter(self.config.budget.tightened(Budget.coerce(budget)))
+
     # ================================================================== the flow
 
-    def _retrieve_flow(self, query: str, scope: Scope, date: datetime | None) -> Flow:
+    def _retrieve_flow(self, query: str, scope: Scope, date: datetime | None, meter: _Meter) -> Flow:
         trace = Trace(
             query=query,
             strategy=str(self.strategy),
             prospector=self.prospector.name,
             date=date.isoformat() if date else None,
             scope=scope.as_dict(),
+            budget=meter.budget.as_dict() or None,
         )
         p = Prospection(query=query, date=date, scope=scope, trace=trace, intent=query)
         started = time.perf_counter()
         try:
-            yield from self._run_phases(p)
+            yield from self._run_phases(p, meter)
         except LLMError as exc:
             trace.degrade("llm_error", exc)
         except StoreError as exc:
             trace.degrade("store_error", exc)
+        except _BudgetStop as stop:
+            trace.hit_budget(stop.reason, stop.phase)
+            trace.stop_reason = stop.reason
         p.trace.intent = p.intent
         summary = yield from self._summary(p)
         trace.seconds = time.perf_counter() - started
         return RetrievalResult(facts=self._ranked(p), summary=summary, trace=trace)
 
-    def _run_phases(self, p: Prospection) -> Flow:
+    def _run_phases(self, p: Prospection, meter: _Meter) -> Flow:
         cfg = self.config
         if self.prospector.requires_llm and cfg.augment:
             p.intent = yield from self._augment(p)
         new = yield from self._initial_prospection(p)
         if p.trace.degraded:
+            return
+        if p.trace.budget_hit:
+            p.trace.stop_reason = p.trace.budget_hit
             return
         phase2_rounds = 0
         while True:
@@ -262,6 +329,10 @@ class PGR:
                 return
             if phase2_rounds >= cfg.max_rounds:
                 p.trace.stop_reason = "max_rounds"
+                return
+            if meter.expired():  # also bounds an LLM-free prospector's rounds
+                p.trace.hit_budget("deadline", "personalized")
+                p.trace.stop_reason = "deadline"
                 return
             phase2_rounds += 1
             new, probed = yield from self._personalized_round(p, new)
@@ -274,13 +345,20 @@ class PGR:
         rnd = self._new_round(p, "augment")
         params = SearchParams(self.config.augment_top_k, self.config.augment_min_score)
         with self._phase(p.trace, "augment"):
-            hits = yield from self._search(p, rnd, [Probe(p.query, "query")], params, count=False)
+            try:
+                hits = yield from self._search(p, rnd, [Probe(p.query, "query")], params, count=False)
+            except StoreError as exc:  # Phase 1 still probes the query: the store may answer that
+                p.trace.degrade("store_error", exc)
+                return p.query
             try:
                 intent = yield from self.prospector.augment(p, hits[0])
             except LLMError as exc:
                 p.trace.degrade("llm_error", exc)
                 return p.query
-        return str(intent).strip() or p.query
+            except _BudgetStop as stop:
+                p.trace.hit_budget(stop.reason, stop.phase)
+                return p.query
+        return " ".join(str(intent).split())[:_MAX_INTENT_CHARS] or p.query
 
     def _initial_prospection(self, p: Prospection) -> Flow:
         """Phase 1: steps from q_A; R = φ(q) ∪ ⋃ φ(step)."""
@@ -288,11 +366,13 @@ class PGR:
         with self._phase(p.trace, "initial"):
             t0 = time.perf_counter()
             steps: list[Step] = []
-            if not p.trace.degraded:  # once the LLM has failed, pgr stops asking it
+            if not p.trace.degraded and not p.trace.budget_hit:  # once the LLM failed or a cap was hit, stop asking
                 try:
                     steps = yield from self.prospector.initial(p)
                 except LLMError as exc:
                     p.trace.degrade("llm_error", exc)
+                except _BudgetStop as stop:
+                    p.trace.hit_budget(stop.reason, stop.phase)
             # the query is always probed, so a degraded result still holds its hits
             rnd.prospect_seconds = time.perf_counter() - t0
             probes = [Probe(p.query, "query"), *self._accept(p, rnd, steps)]
@@ -301,8 +381,22 @@ class PGR:
             cfg = self.config
             params = cfg.probe_params().with_(top_k=max(cfg.top_k, cfg.query_top_k), min_score=0.0)
             limits = [(cfg.query_top_k, 0.0)] + [(cfg.top_k, cfg.min_score)] * (len(probes) - 1)
-            yield from self._search(p, rnd, probes, params, limits=limits)
+            try:
+                yield from self._search(p, rnd, probes, params, limits=limits)
+            except StoreError as exc:
+                if len(probes) == 1:
+                    raise
+                p.trace.degrade("store_error", exc)
+                yield from self._query_fallback(p)
         return [p.found[i] for i in rnd.new_fact_ids]
+
+    def _query_fallback(self, p: Prospection) -> Flow:
+        """After a failed Phase-1 batch, the query alone, once: a store that can still answer it gives
+        the baseline's hits. A second failure propagates (the result is then empty and degraded)."""
+        cfg = self.config
+        rnd = self._new_round(p, "query_only")
+        params = cfg.probe_params().with_(top_k=cfg.query_top_k, min_score=0.0)
+        yield from self._search(p, rnd, [Probe(p.query, "query")], params)
 
     def _personalized_round(self, p: Prospection, new: list[FoundFact]) -> Flow:
         """Phase 2, one round: revise the steps given R; probe; return (Δ, whether anything was probed)."""
@@ -319,14 +413,18 @@ class PGR:
 
     def _summary(self, p: Prospection) -> Flow:
         with self._phase(p.trace, "summary"):
-            if p.trace.degraded or self.llm is None:
+            if p.trace.degraded or p.trace.budget_hit or self.llm is None:
                 return plain_summary(p)
             try:
-                return (yield from self.prospector.summarize(p))
+                summary = yield from self.prospector.summarize(p)
             except LLMError as exc:
                 p.trace.errors.append(f"summary: {type(exc).__name__}: {exc}")
                 p.trace.degraded = True
                 return plain_summary(p)
+            except _BudgetStop as stop:  # the rounds ended on their own: stop_reason keeps why
+                p.trace.hit_budget(stop.reason, stop.phase)
+                return plain_summary(p)
+        return str(summary).strip()[:_MAX_SUMMARY_CHARS] or plain_summary(p)
 
     def _query_only_flow(
         self, query: str, scope: Scope, date: datetime | None, top_k: int | None, window: int | None
@@ -355,8 +453,10 @@ class PGR:
         facts = sorted(p.found.values(), key=lambda f: -f.rank_score)
         return RetrievalResult(facts=facts[:k], summary="", trace=trace)
 
-    def _answer_flow(self, query: str, scope: Scope, date: datetime | None) -> Flow:
-        result = yield from self._retrieve_flow(query, scope, date)
+    def _answer_flow(self, query: str, scope: Scope, date: datetime | None, meter: _Meter) -> Flow:
+        meter.reserved_calls, meter.reserved_tokens = 1, _ANSWER_TOKENS  # retrieval leaves room to answer
+        result = yield from self._retrieve_flow(query, scope, date, meter)
+        meter.reserved_calls = meter.reserved_tokens = 0
         facts = result.facts
         p = Prospection(query=query, date=date, scope=scope, trace=result.trace)
         text = render(
@@ -368,10 +468,14 @@ class PGR:
         )
         try:
             with self._phase(result.trace, "answer"):
-                completion = yield Ask("answer", [{"role": "user", "content": text}], None, 500, result.trace)
+                messages = [{"role": "user", "content": text}]
+                completion = yield Ask("answer", messages, None, _ANSWER_TOKENS, result.trace)
         except LLMError as exc:
             result.trace.errors.append(f"answer: {type(exc).__name__}: {exc}")
             return Answer(text="", facts=facts, retrieval=result, degraded=True, error=str(exc))
+        except _BudgetStop as stop:
+            result.trace.hit_budget(stop.reason, stop.phase)
+            return Answer(text="", facts=facts, retrieval=result, degraded=True, error=f"{stop.reason}: {stop}")
         return Answer(text=completion.text.strip(), facts=facts, retrieval=result, degraded=result.degraded)
 
     # ================================================================== helpers of the flow
@@ -411,8 +515,14 @@ class PGR:
         t0 = time.perf_counter()
         rnd.probes.extend(probes)
         rnd.store_calls += 1
-        hit_lists: list[list[Hit]] = yield Search([pr.text for pr in probes], params, p.scope)
-        rnd.search_seconds += time.perf_counter() - t0
+        try:
+            hit_lists: list[list[Hit]] = yield Search([pr.text for pr in probes], params, p.scope)
+        finally:  # a failed call is billed too
+            seconds = time.perf_counter() - t0
+            rnd.search_seconds += seconds
+            spent = Usage(store_calls=1, store_seconds=seconds)
+            p.trace.usage.add(spent)
+            p.trace.usage_by_phase.setdefault(rnd.phase, Usage()).add(spent)
         if limits is not None:
             hit_lists = [_cut(hits, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)]
         for probe, hits in zip(probes, hit_lists, strict=True):
@@ -469,8 +579,9 @@ class PGR:
 
     # ================================================================== drivers
 
-    def _drive(self, flow: Flow) -> Any:
+    def _drive(self, flow: Flow, meter: _Meter | None = None) -> Any:
         """Run a flow with blocking calls."""
+        meter = meter or _Meter(Budget())
         to_send: Any = None
         to_throw: BaseException | None = None
         while True:
@@ -483,16 +594,16 @@ class PGR:
                 if isinstance(effect, Search):
                     to_send = self.store._checked_search(effect.probes, effect.scope, effect.params)
                 else:
+                    meter.admit(effect)
                     with self._billing(effect) as box:
-                        box.append(
-                            self._llm().complete(effect.messages, schema=effect.schema, max_tokens=effect.max_tokens)
-                        )
+                        box.append(self._ask(effect, meter.time_left()))
                     to_send = box[0]
-            except (LLMError, StoreError) as exc:
-                to_throw = exc
+            except (LLMError, StoreError, _BudgetStop) as exc:
+                to_throw = meter.explain(exc, effect)
 
-    async def _adrive(self, flow: Flow) -> Any:
+    async def _adrive(self, flow: Flow, meter: _Meter | None = None) -> Any:
         """Run a flow with awaitable calls."""
+        meter = meter or _Meter(Budget())
         to_send: Any = None
         to_throw: BaseException | None = None
         while True:
@@ -505,15 +616,39 @@ class PGR:
                 if isinstance(effect, Search):
                     to_send = await self.store._achecked_search(effect.probes, effect.scope, effect.params)
                 else:
+                    meter.admit(effect)
                     with self._billing(effect) as box:
-                        box.append(
-                            await self._llm().acomplete(
-                                effect.messages, schema=effect.schema, max_tokens=effect.max_tokens
-                            )
-                        )
+                        box.append(await self._aask(effect, meter.time_left()))
                     to_send = box[0]
-            except (LLMError, StoreError) as exc:
-                to_throw = exc
+            except (LLMError, StoreError, _BudgetStop) as exc:
+                to_throw = meter.explain(exc, effect)
+
+    def _ask(self, effect: Ask, time_left: float | None) -> Completion:
+        """One blocking LLM call, bounded by the time the deadline leaves (None: unbounded)."""
+        llm = self._llm()
+
+        def call(**extra: Any) -> Completion:
+            return llm.complete(effect.messages, schema=effect.schema, max_tokens=effect.max_tokens, **extra)
+
+        if time_left is None:
+            return _completion(call(), llm)
+        if llm.accepts_timeout:
+            return _completion(call(timeout=time_left), llm)
+        return _completion(_abandon_after(time_left, call), llm)
+
+    async def _aask(self, effect: Ask, time_left: float | None) -> Completion:
+        """One awaited LLM call; past the deadline the await is abandoned (the call is cancelled)."""
+        llm = self._llm()
+        extra: dict[str, Any] = {"timeout": time_left} if time_left is not None and llm.accepts_timeout else {}
+        call = llm.acomplete(effect.messages, schema=effect.schema, max_tokens=effect.max_tokens, **extra)
+        if time_left is None:
+            return _completion(await call, llm)
+        try:
+            return _completion(await asyncio.wait_for(call, time_left), llm)
+        except TimeoutError:
+            raise LLMTimeoutError(
+                f"no answer in the {time_left:.3g}s the deadline left; the call was abandoned"
+            ) from None
 
     def _llm(self) -> LLM:
         if self.llm is None:  # a prospector that needs an LLM is refused at construction
@@ -523,7 +658,7 @@ class PGR:
     @contextmanager
     def _billing(self, effect: Ask) -> Iterator[list[Completion]]:
         """Time one LLM call and bill it to the trace; a custom LLM's own exception becomes LLMError."""
-        t0, box = time.perf_counter(), []
+        t0, box = time.perf_counter(), list[Completion]()
         try:
             yield box
         except LLMError:
@@ -543,3 +678,87 @@ class PGR:
             spent.completion_tokens = completion.usage.completion_tokens
         effect.trace.usage.add(spent)
         effect.trace.usage_by_phase.setdefault(effect.phase, Usage()).add(spent)
+
+
+# ====================================================================== budgets
+
+
+class _BudgetStop(Exception):
+    """Thrown into the flow when a cap refuses an LLM call; the phase that asked catches it."""
+
+    def __init__(self, reason: BudgetReason, phase: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason: BudgetReason = reason
+        self.phase = phase
+
+
+class _Meter:
+    """One call's budget and what is left of it. Spending is read from the call's own trace."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.started = time.perf_counter()
+        self.reserved_calls = 0  # kept back for the answer while retrieving
+        self.reserved_tokens = 0
+
+    def time_left(self) -> float | None:
+        if self.budget.deadline_s is None:
+            return None
+        return self.budget.deadline_s - (time.perf_counter() - self.started)
+
+    def expired(self) -> bool:
+        left = self.time_left()
+        return left is not None and left <= 0
+
+    def admit(self, effect: Ask) -> None:
+        """Raise :class:`_BudgetStop` unless the LLM call ``effect`` fits in what is left."""
+        b, spent = self.budget, effect.trace.usage
+        if self.expired():
+            raise _BudgetStop("deadline", effect.phase, f"the {b.deadline_s:g}s deadline passed")
+        if b.max_llm_calls is not None and spent.llm_calls + 1 + self.reserved_calls > b.max_llm_calls:
+            raise _BudgetStop(
+                "budget_llm_calls", effect.phase, f"{spent.llm_calls} of {b.max_llm_calls} LLM calls spent"
+            )
+        if b.max_tokens is not None:
+            need = CallUsage.estimate(effect.messages, "").prompt_tokens + effect.max_tokens
+            if spent.total_tokens + need + self.reserved_tokens > b.max_tokens:
+                raise _BudgetStop(
+                    "budget_tokens",
+                    effect.phase,
+                    f"{spent.total_tokens} of {b.max_tokens} tokens spent; the next call may take {need}",
+                )
+
+    def explain(self, exc: BaseException, effect: Search | Ask) -> BaseException:
+        """An LLM failure once the deadline has passed is the deadline's doing."""
+        if isinstance(exc, LLMError) and isinstance(effect, Ask) and self.expired():
+            return _BudgetStop("deadline", effect.phase, f"the {self.budget.deadline_s:g}s deadline passed ({exc})")
+        return exc
+
+
+def _completion(value: object, llm: LLM) -> Completion:
+    if not isinstance(value, Completion):
+        raise LLMError(f"{llm!r} returned a {type(value).__name__}, not a Completion")
+    return value
+
+
+def _abandon_after(seconds: float, call: Callable[[], Completion]) -> Completion:
+    """Run a blocking call in a daemon thread and stop waiting after ``seconds``: for LLM clients that
+    take no timeout. An abandoned call runs on in the background; its reply is dropped."""
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append((True, call()))
+        except BaseException as exc:  # handed to the waiting thread, never lost
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="pgr-llm-call", daemon=True).start()
+    if not done.wait(max(seconds, 0.0)):
+        raise LLMTimeoutError(_ABANDONED.format(seconds=seconds))
+    ok, value = box[0]
+    if ok:
+        return value  # type: ignore[no-any-return]
+    raise value

@@ -94,9 +94,7 @@ class Store(ABC):
             raise StoreError(f"{type(self).__name__}.asearch_batch failed: {type(exc).__name__}: {exc}") from exc
         return self._checked_result(probes, scope, params, result)
 
-    def _checked_result(
-        self, probes: list[str], scope: Scope, params: SearchParams, result: object
-    ) -> list[list[Hit]]:
+    def _checked_result(self, probes: list[str], scope: Scope, params: SearchParams, result: object) -> list[list[Hit]]:
         name = type(self).__name__
         if not isinstance(result, list | tuple):
             raise StoreError(f"{name} returned a {type(result).__name__}, not one list of hits per probe")
