@@ -28,12 +28,13 @@ from .policy import PGR, Answer, PGRConfig
 from .prospectors import DIMENSIONS, FacetProspector, LLMProspector, Prospection, Prospector
 from .store import Store
 from .trace import DroppedProbe, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
-from .types import Capabilities, Fact, Hit, Scope, SearchParams
+from .types import Budget, Capabilities, Fact, Hit, Scope, SearchParams
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Answer",
+    "Budget",
     "Capabilities",
     "Completion",
     "ConfigurationError",
