@@ -44,8 +44,9 @@ def test_recall_counts_gold_found_and_missing_as_misses() -> None:
     assert recall(["a"], ["a"], missing=1) == 0.5  # an unresolvable gold id is a miss
     assert recall(["a", "a", "a"], ["a", "b"]) == 0.5  # repeats do not count twice
     assert recall([], ["a"]) == 0.0
-    assert recall(["b"], ["a", "b"], mode="any") == 1.0
-    assert recall(["z"], ["a", "b"], mode="any") == 0.0
+    assert recall(["b"], [["a", "b"]]) == 1.0  # a group: found when any member is
+    assert recall(["z"], [["a", "b"]]) == 0.0
+    assert recall(["b", "c"], [["a", "b"], "c", "d"]) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="no gold"):
         recall(["a"], [])
 
@@ -223,7 +224,7 @@ def test_prefeval_builds_one_history_per_preference() -> None:
         assert owned[0].id == q.gold[0] and owned[0].text.startswith("user: ")  # the preference comes first
         assert len({f.session_id for f in owned}) == 3  # the preference and two filler conversations
     implicit = load_prefeval(SHARED / "prefeval", kind="choice-based", fillers=0, per_topic=1)
-    assert all(q.gold_mode == "any" and len(q.gold) == 3 for q in implicit.questions)
+    assert all(len(q.gold) == 1 and len(q.gold[0]) == 3 for q in implicit.questions)  # one group of 3 turns
     with pytest.raises(InvalidArgumentError, match="fillers"):
         load_prefeval(SHARED / "prefeval", fillers=99)
 
@@ -441,3 +442,22 @@ def test_pgr_eval_command_writes_the_report(tmp_path: Path, capsys: pytest.Captu
     assert out.with_suffix(".md").exists() and out.with_suffix(".records.jsonl").exists()
     assert "| query-only | 3 |" in capsys.readouterr().out
     assert main(["eval", "jsonl", "--data", str(data), "--methods", "bm25", "--json", str(out)]) == 2
+
+
+def test_a_reference_spread_over_several_facts_is_one_gold_item(tmp_path: Path) -> None:
+    line = {
+        "user_id": "u",
+        "facts": [{"id": "a", "text": "knee"}, {"id": "b", "text": "knee again"}, {"id": "c", "text": "car"}],
+        "queries": [
+            {
+                "query": "q",
+                "references": [{"text": "knee", "fact_ids": ["a", "b"]}, {"text": "car", "fact_ids": ["c", "gone"]}],
+            }
+        ],
+    }
+    path = tmp_path / "g.jsonl"
+    path.write_text(json.dumps(line) + "\n", encoding="utf-8")
+    (q,) = load_jsonl(path).questions
+    assert q.gold == [["a", "b"], "c"] and q.missing == 0  # "gone" names no fact, but "c" does
+    assert recall(["b"], q.gold) == 0.5  # one of the two references, however many facts hold it
+    assert recall_exact(["b", "c"], q.gold) == 1.0

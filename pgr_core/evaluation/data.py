@@ -9,7 +9,7 @@ Loaders (the data is never shipped with pgr: pass its path):
 - :func:`load_locomo_set`: LoCoMo, one fact per turn, turn-level gold evidence.
 - :func:`load_prefeval`: PrefEval, each question its own user whose history is the preference, then
   ``fillers`` unrelated conversations, then the question; the gold is the preference turn (explicit)
-  or the turns of the preference conversation (implicit; found when any of them is).
+  or the turns of the preference conversation (implicit: one gold item, found when any of them is).
 - :func:`load_jsonl`: the MemoryQuest format, which is also the format for your own data (one user
   per line; see ``docs/eval-format.md``).
 """
@@ -38,10 +38,10 @@ class EvalQuestion:
     question: str
     scope: Scope
     date: datetime | None = None
-    gold: list[str] = field(default_factory=list)  # fact ids
+    # gold items: a fact id, or a group of ids (one reference spread over several facts, found when any is)
+    gold: list[str | list[str]] = field(default_factory=list)
     missing: int = 0  # gold items that name no fact (count as misses)
     references: list[str] = field(default_factory=list)  # reference texts, for LLM-judged recall
-    gold_mode: Literal["all", "any"] = "all"  # "any": one gold fact found is a full hit
     category: str = ""
     answer: str | None = None  # a reference answer, when the data set has one
 
@@ -141,7 +141,6 @@ def load_prefeval(
         for i, item in enumerate(items):
             user = f"prefeval:{topic}:{i}"
             scope = Scope(user_id=user)
-            gold: list[str] = []
 
             def add(session: int, position: int, text: str, *, scope: Scope = scope, user: str = user) -> str:
                 fact_id = f"{user}:S{session}:{position}"
@@ -157,11 +156,11 @@ def load_prefeval(
                 )
                 return fact_id
 
+            gold: list[str | list[str]] = []
             if kind == "explicit":
                 gold.append(add(0, 0, _turn_text("user", item["preference"])))
-            else:
-                for position, text in enumerate(_implicit_turns(item, kind)):
-                    gold.append(add(0, position, text))
+            else:  # the preference lives somewhere in its conversation: one group, found when any turn is
+                gold.append([add(0, position, text) for position, text in enumerate(_implicit_turns(item, kind))])
             for s, conv in enumerate(rng.sample(filler_convs, fillers), start=1):
                 for position, turn in enumerate(conv):
                     add(s, position, _turn_text(turn.get("role", "user"), turn.get("content", "")))
@@ -172,7 +171,6 @@ def load_prefeval(
                     scope=scope,
                     gold=gold,
                     references=[item["preference"]],
-                    gold_mode="all" if kind == "explicit" else "any",
                     category=topic,
                 )
             )
@@ -271,7 +269,9 @@ def load_jsonl(path: str | Path, *, name: str = "memoryquest") -> EvalSet:
                         known.add(fid)
             for j, q in enumerate(record.get("queries", [])):
                 refs = q.get("references", [])
-                gold = [str(i) for r in refs if isinstance(r, Mapping) for i in r.get("fact_ids", [])]
+                # one gold item per reference with ids: found when any of its facts is
+                groups = [[str(i) for i in r["fact_ids"]] for r in refs if isinstance(r, Mapping) and r.get("fact_ids")]
+                resolved = [[i for i in g if i in known] for g in groups]
                 texts = [r["text"] if isinstance(r, Mapping) else str(r) for r in refs]
                 questions.append(
                     EvalQuestion(
@@ -279,8 +279,8 @@ def load_jsonl(path: str | Path, *, name: str = "memoryquest") -> EvalSet:
                         question=str(_require(q, "query", f"{where} query {j}")),
                         scope=scope,
                         date=parse_date(q["date"]) if q.get("date") else None,
-                        gold=[g for g in gold if g in known],
-                        missing=sum(1 for g in gold if g not in known),
+                        gold=[g[0] if len(g) == 1 else g for g in resolved if g],
+                        missing=sum(1 for g in resolved if not g),
                         references=texts,
                         category=str(q.get("category", "")),
                         answer=q.get("answer"),

@@ -2,8 +2,9 @@
 
 Exact (gold fact ids known):
 
-- ``recall(found, gold)``: the share of gold ids in ``found``; ``missing`` gold items that name no
-  fact count as misses. With ``mode="any"``, one gold id found is a full hit.
+- ``recall(found, gold)``: the share of gold items in ``found``; ``missing`` gold items that name no
+  fact count as misses. An item is a fact id or a group of ids (one reference that lives in several
+  facts), found when any of its ids is.
 - ``recall_exact``: 1.0 only when every gold item is found (the paper's RecallExact), else 0.0.
 - ``recall_at(found, gold, n)``: recall over the first ``n`` results, so a method cannot win by
   returning more.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ..errors import LLMError
 from ..llm import LLM, parse_json
@@ -33,39 +33,45 @@ __all__ = [
     "win_rate",
 ]
 
-Mode = Literal["all", "any"]
+Gold = Sequence[str | Sequence[str]]  # an item: one fact id, or a group found when any member is
 
 
-def recall(found: Iterable[str], gold: Sequence[str], *, missing: int = 0, mode: Mode = "all") -> float:
-    """Share of ``gold`` in ``found``; ``missing`` unresolvable gold items count as misses.
+def _items(gold: Gold) -> list[frozenset[str]]:
+    items = [frozenset([g]) if isinstance(g, str) else frozenset(g) for g in gold]
+    return list(dict.fromkeys(i for i in items if i))
+
+
+def recall(found: Iterable[str], gold: Gold, *, missing: int = 0) -> float:
+    """Share of gold items found; ``missing`` unresolvable gold items count as misses.
+
+    A gold item is a fact id, or a group of ids (one reference spread over several facts) that counts
+    as found when any of its ids is.
 
     >>> recall(["a", "x"], ["a", "b"])
     0.5
     >>> recall(["a"], ["a"], missing=1)
     0.5
-    >>> recall(["b"], ["a", "b"], mode="any")
-    1.0
+    >>> recall(["b"], [["a", "b"], "c"])
+    0.5
     """
-    gold_set = set(gold)
-    total = len(gold_set) + missing
+    items = _items(gold)
+    total = len(items) + missing
     if total == 0:
         raise ValueError("recall of a question with no gold is undefined; filter such questions out")
-    hits = len(gold_set.intersection(found))
-    if mode == "any":
-        return 1.0 if hits else 0.0
-    return hits / total
+    seen = set(found)
+    return sum(1 for item in items if item & seen) / total
 
 
-def recall_exact(found: Iterable[str], gold: Sequence[str], *, missing: int = 0, mode: Mode = "all") -> float:
-    """1.0 when every gold item is found (any one, with ``mode="any"``), else 0.0.
+def recall_exact(found: Iterable[str], gold: Gold, *, missing: int = 0) -> float:
+    """1.0 when every gold item is found, else 0.0.
 
     >>> recall_exact(["a", "b", "c"], ["a", "b"]), recall_exact(["a"], ["a", "b"])
     (1.0, 0.0)
     """
-    return 1.0 if recall(found, gold, missing=missing, mode=mode) == 1.0 else 0.0
+    return 1.0 if recall(found, gold, missing=missing) == 1.0 else 0.0
 
 
-def recall_at(found: Sequence[str], gold: Sequence[str], n: int, *, missing: int = 0, mode: Mode = "all") -> float:
+def recall_at(found: Sequence[str], gold: Gold, n: int, *, missing: int = 0) -> float:
     """Recall over the first ``n`` results.
 
     >>> recall_at(["x", "y", "a"], ["a"], 2), recall_at(["x", "y", "a"], ["a"], 3)
@@ -73,7 +79,7 @@ def recall_at(found: Sequence[str], gold: Sequence[str], n: int, *, missing: int
     """
     if n < 1:
         raise ValueError("n must be >= 1")
-    return recall(list(found)[:n], gold, missing=missing, mode=mode)
+    return recall(list(found)[:n], gold, missing=missing)
 
 
 # --------------------------------------------------------------------------- LLM-judged recall

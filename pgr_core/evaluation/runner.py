@@ -165,7 +165,8 @@ def _closeness(embedder: Any, store: Store, questions: Sequence[EvalQuestion]) -
     q_vecs = embedder.embed([q.question for q in questions])
     out: list[float | None] = []
     for vec, q in zip(q_vecs, questions, strict=True):
-        texts = [f.text for f in _facts(store, q.gold)]
+        ids = [i for g in q.gold for i in ([g] if isinstance(g, str) else g)]
+        texts = [f.text for f in _facts(store, ids)]
         out.append(float(max(embedder.embed(texts) @ vec)) if texts else None)
     return out
 
@@ -210,7 +211,7 @@ def summarise(data: EvalSet, records: Sequence[Mapping[str, Any]], methods: Sequ
             rows["facts"].append(float(len(ids)))
             rows["degraded"].append(1.0 if r.get("degraded") else 0.0)
             if q.gold or q.missing:
-                kw = {"missing": q.missing, "mode": q.gold_mode}
+                kw = {"missing": q.missing}
                 rows["recall"].append(recall(ids, q.gold, **kw))
                 rows["recall_exact"].append(recall_exact(ids, q.gold, **kw))
                 for b in BUDGETS:
