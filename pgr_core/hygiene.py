@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .embedders import Embedder
+from .errors import InvalidArgumentError
 from .trace import DroppedProbe, Step
 
 __all__ = ["Hygiene", "clean_steps"]
@@ -19,6 +20,7 @@ class Hygiene:
     """Limits applied to every round's steps before they become probes.
 
     - ``max_words``: a probe is cut to this many words (long probes blur the embedding).
+    - ``max_chars``: and to this many characters (a model's runaway output can hold huge "words").
     - ``max_probes``: at most this many step probes per round.
     - ``echo_threshold``: a step whose cosine to the query reaches this only repeats the query.
     - ``duplicate_threshold``: a step this close to an earlier probe (this round or before) is dropped.
@@ -29,10 +31,21 @@ class Hygiene:
     """
 
     max_words: int = 32
+    max_chars: int = 400
     max_probes: int = 8
     echo_threshold: float = 0.9
     duplicate_threshold: float = 0.9
     strip_query_words: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_words", "max_chars", "max_probes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"Hygiene.{name} must be an integer >= 1, got {value!r}")
+        for name in ("echo_threshold", "duplicate_threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+                raise InvalidArgumentError(f"Hygiene.{name} must be a number in [0, 1], got {value!r}")
 
 
 def _stem(word: str) -> str:
@@ -67,7 +80,8 @@ def clean_steps(
     """Keep the steps whose text is a usable probe; say why each other one was dropped.
 
     ``earlier`` holds the probes already sent (earlier rounds and the query's own). Each kept step's
-    ``probe`` is set: its text, query words stripped when asked, cut to ``rules.max_words`` words.
+    ``probe`` is set: its text, query words stripped when asked, cut to ``rules.max_words`` words and
+    ``rules.max_chars`` characters.
     """
     dropped: list[DroppedProbe] = []
     candidates: list[Step] = []
@@ -80,6 +94,7 @@ def clean_steps(
             continue
         if len(words) > rules.max_words:
             step.probe = " ".join(words[: rules.max_words])
+        step.probe = step.probe[: rules.max_chars]
         candidates.append(step)
     if not candidates:
         return [], dropped
