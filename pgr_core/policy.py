@@ -32,7 +32,7 @@ from .hygiene import Hygiene, clean_steps
 from .llm import LLM, Completion
 from .llm import Usage as CallUsage
 from .prompts import render
-from .prospectors import FacetProspector, LLMProspector, Prospection, Prospector, plain_summary
+from .prospectors import FacetProspector, LLMProspector, Prospection, Prospector, plain_summary, quoted
 from .store import Store
 from .trace import BudgetReason, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
 from .types import Budget, Hit, Scope, SearchParams
@@ -463,7 +463,7 @@ class PGR:
             "answer",
             date=p.date_text(),
             query=query,
-            summary=result.summary or "(none)",
+            summary=quoted(result.summary, _MAX_SUMMARY_CHARS) if result.summary else "(none)",
             memories=p.memory_lines(facts, 20),
         )
         try:
