@@ -406,6 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
     mq.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm", help="for the cosine filter")
     mq.set_defaults(func=cmd_memoryquest)
 
+    from .cli_write import register as register_write_side  # ingest, consolidate, guideline
+
+    register_write_side(sub)
+
     plug = sub.add_parser("plugins", help="list plugins and what they register")
     plug.set_defaults(func=cmd_plugins)
     return parser

@@ -20,6 +20,14 @@ NAMES = (
     "repair",
     "revise",
     "summary",
+    "write_aggregate",
+    "write_answer",
+    "write_choose",
+    "write_critique",
+    "write_edit",
+    "write_extract",
+    "write_judge",
+    "write_merge",
 )
 
 

@@ -1,0 +1,300 @@
+"""The write side's commands: ``pgr ingest``, ``pgr consolidate``, ``pgr guideline induce|show``.
+
+``register(sub)`` adds them to the ``pgr`` parser (called from :func:`pgr_core.cli.build_parser`).
+A store file ``S`` keeps its ingestion ledger in ``S.ledger.jsonl`` and its consolidation journal in
+``S.journal.jsonl``, beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigurationError, InvalidArgumentError
+from .llm import LLM, llm_from_env
+
+__all__ = ["register"]
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _llm(args: argparse.Namespace, *, required: str | None = None) -> LLM | None:
+    llm: LLM | None
+    if getattr(args, "no_llm", False):
+        llm = None
+    elif args.base_url or args.model:
+        from .llm import OpenAICompatible
+
+        llm = OpenAICompatible(base_url=args.base_url, model=args.model, timeout=args.llm_timeout)
+    else:
+        llm = llm_from_env()
+    if llm is None and required:
+        raise ConfigurationError(
+            f"{required} needs an LLM: pass --base-url and --model, or set PGR_LLM_BASE_URL and PGR_LLM_MODEL"
+        )
+    return llm
+
+
+def _store(path: Path, embedder_name: str, *, create: bool) -> Any:
+    from .cli import _embedder
+    from .memory import InMemoryStore
+
+    embedder = _embedder(embedder_name)
+    if path.exists():
+        return InMemoryStore.load(path, embedder=embedder)
+    if not create:
+        raise ConfigurationError(f"no store file at {path}; build one with `pgr ingest ... --out {path}`")
+    return InMemoryStore(embedder=embedder)
+
+
+def _beside(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def _guideline(path: Path | None) -> Any:
+    from .write import DEFAULT_GUIDELINE, Guideline
+
+    return DEFAULT_GUIDELINE if path is None else Guideline.load(path)
+
+
+def _consolidator(store: Any, llm: LLM | None, out: Path, args: argparse.Namespace) -> Any:
+    from .write import Consolidator, Journal
+
+    return Consolidator(
+        store,
+        llm,
+        threshold=args.threshold,
+        window_days=args.window_days,
+        journal=Journal(_beside(out, ".journal.jsonl")),
+        checkpoint=lambda: store.save(out),
+    )
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    """Sessions from a data set into a store file, raw or extracted; resumable (rerun the command)."""
+    from .write import Ingestor, Journal, Ledger, jsonl_sessions, locomo_sessions
+
+    users_filter = args.user or None
+    loader = locomo_sessions if args.source == "locomo" else jsonl_sessions
+    users = list(loader(args.data, users=users_filter))
+    if not users:
+        raise InvalidArgumentError(
+            f"no sessions found in {args.data}" + (f" for {users_filter}" if users_filter else "")
+        )
+    llm = _llm(args, required="--mode extract") if args.mode == "extract" else None
+    out: Path = args.out
+    store = _store(out, args.embedder, create=True)
+    consolidator = None
+    if llm is not None and args.consolidate_every > 0:
+        consolidator = _consolidator(store, llm, out, args)
+    elif Journal(_beside(out, ".journal.jsonl")).pending():
+        consolidator = _consolidator(store, None, out, args)  # roll forward what a crash left behind
+    if consolidator is not None and consolidator.recovered:
+        _say(f"recovered {consolidator.recovered} interrupted consolidation swap(s)")
+    ingestor = Ingestor(
+        store,
+        llm,
+        guideline=_guideline(args.guideline),
+        ledger=Ledger(_beside(out, ".ledger.jsonl")),
+        window=args.window,
+        speakers=[s for s in (args.speakers or "").split(",") if s] or None,
+        consolidate_every=args.consolidate_every if args.consolidate_every > 0 else None,
+        consolidator=consolidator,
+        checkpoint=lambda: store.save(out),
+        checkpoint_every=args.checkpoint_every,
+        redo_raw=args.redo_raw,
+        progress=not args.no_progress,
+    )
+    sessions = sum(len(u.sessions) for u in users)
+    _say(f"{args.source}: {len(users)} user(s), {sessions} sessions, mode {ingestor.mode}, into {out}")
+    report = ingestor.ingest_users(users)
+    store.save(out)
+    summary = report.to_dict() | {"store": str(out), "facts_in_store": len(store)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"ingested {report.ingested} session(s), skipped {report.skipped} already in, "
+            f"{report.raw_fallback} raw fallback(s), {len(report.failed)} failed; "
+            f"+{report.facts_added} facts, {report.facts_updated} updated, {report.facts_rejected} refused, "
+            f"{report.llm_calls} LLM calls, {report.consolidations} consolidation(s) merging {report.merged} cluster(s)"
+        )
+        for user, session, error in report.failed[:10]:
+            print(f"  failed {user}/{session}: {error} (retried on the next run)")
+        print(f"store: {out} ({len(store)} facts); ledger: {_beside(out, '.ledger.jsonl')}")
+        first = users[0].scope.user_id
+        print(f'search it: pgr retrieve --store {out} --user {first} "..."')
+    return 1 if report.failed and not report.ingested else 0
+
+
+def cmd_consolidate(args: argparse.Namespace) -> int:
+    """Merge near-duplicate facts of the same week in a store file, per user."""
+    from .types import Scope
+    from .write import Ledger
+
+    out: Path = args.store
+    store = _store(out, args.embedder, create=False)
+    llm = _llm(args)
+    if llm is None:
+        _say("no LLM configured: merged facts keep the most repeated (then latest) wording of their cluster")
+    consolidator = _consolidator(store, llm, out, args)
+    consolidator.include_turns = args.include_turns
+    if consolidator.recovered:
+        _say(f"recovered {consolidator.recovered} interrupted swap(s)")
+    users = args.user or sorted({f.scope.user_id for f in store.facts if f.scope.user_id})
+    ledger_path = _beside(out, ".ledger.jsonl")
+    ledger = Ledger(ledger_path) if ledger_path.exists() else None
+    reports = []
+    for user in users:
+        report = consolidator.consolidate(Scope(user_id=user))
+        if ledger is not None:
+            ledger.record_consolidation(Scope(user_id=user), report.merged)
+        reports.append(report.to_dict())
+        if not args.json:
+            print(
+                f"{user}: {report.facts_before} -> {report.facts_after} facts, {report.merged}/{report.clusters} "
+                f"cluster(s) merged" + (f", {len(report.failed)} left (LLM failed)" if report.failed else "")
+            )
+    store.save(out)
+    if args.json:
+        print(json.dumps({"store": str(out), "users": reports}))
+    return 0
+
+
+def cmd_guideline(args: argparse.Namespace) -> int:
+    if args.action == "show":
+        guideline = _guideline(args.guideline)
+        print(guideline.render() if args.rendered else guideline.text)
+        return 0
+    return _cmd_induce(args)
+
+
+def _cmd_induce(args: argparse.Namespace) -> int:
+    """Guideline induction on PrefEval: train, keep the best S on the validation split."""
+    from .cli import _embedder
+    from .write.induction import InductionConfig, induce
+    from .write.prefeval import prefeval_examples
+
+    llm = _llm(args, required="guideline induction")
+    assert llm is not None
+    if args.cache is not None:
+        from .evaluation import CachedLLM
+
+        llm = CachedLLM(llm, args.cache)
+    train, val = prefeval_examples(
+        args.data, train=args.train, val=args.val, fillers=args.fillers, seed=args.seed, options=not args.free_form
+    )
+    config = InductionConfig(
+        steps=args.steps,
+        batch_size=args.batch,
+        candidates=args.candidates,
+        rollouts=args.rollouts,
+        retrieval=args.retrieval,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
+    result = induce(
+        train,
+        val,
+        llm=llm,
+        guideline=_guideline(args.guideline),
+        config=config,
+        out_dir=args.out,
+        embedder=_embedder(args.embedder),
+        log=_say,
+    )
+    for row in result.history:
+        print(
+            f"step {row['step']}: S v{row['version']} validation {row['val_score']:.3f}"
+            + (f" (train batch {row['train_score']:.3f})" if row.get("train_score") is not None else "")
+            + ("  kept" if row["accepted"] else f"  not kept: {row.get('reason', '')}")
+        )
+    print(f"best: S v{result.best.version} ({result.best_score:.3f}) -> {result.best_path}")
+    print(f"history: {result.history_path}")
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _llm_options(p: argparse.ArgumentParser, *, timeout: float = 120.0) -> None:
+    p.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
+    p.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
+    p.add_argument("--llm-timeout", type=float, default=float(os.environ.get("PGR_LLM_TIMEOUT", str(timeout))))
+    p.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
+
+
+def _merge_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threshold", type=float, default=0.85, help="cosine a cluster's facts share pairwise (0.85)")
+    p.add_argument("--window-days", type=float, default=7.0, help="most days between a cluster's latest dates (7)")
+
+
+def register(sub: Any) -> None:
+    """Add ``ingest``, ``consolidate`` and ``guideline`` to the ``pgr`` subcommands."""
+    ing = sub.add_parser("ingest", help="build a fact memory from conversation sessions (raw turns or LLM extraction)")
+    ing.add_argument(
+        "source", choices=["locomo", "jsonl"], help="locomo10.json, or JSONL sessions (docs/eval-format.md)"
+    )
+    ing.add_argument("--data", type=Path, required=True, help="the data file or folder")
+    ing.add_argument("--out", type=Path, required=True, help="the store file to create or extend (.pgr)")
+    ing.add_argument("--user", action="append", default=[], help="only this user (repeatable)")
+    ing.add_argument("--mode", choices=["raw", "extract"], default="raw", help="raw turns (no LLM) or LLM extraction")
+    ing.add_argument("--window", type=int, default=1, help="raw mode: turns per fact (1)")
+    ing.add_argument(
+        "--speakers", default=None, help="raw mode: comma-separated speakers to keep (default: all but the assistant)"
+    )
+    ing.add_argument(
+        "--guideline", type=Path, default=None, help="extract mode: a guideline file S (default: built in)"
+    )
+    ing.add_argument("--checkpoint-every", type=int, default=10, help="save the store every N sessions (10)")
+    ing.add_argument(
+        "--consolidate-every", type=int, default=50, help="extract mode: consolidate after N new facts (0: never)"
+    )
+    ing.add_argument("--redo-raw", action="store_true", help="extract again sessions that fell back to raw turns")
+    ing.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    ing.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    _merge_options(ing)
+    _llm_options(ing)
+    ing.set_defaults(func=cmd_ingest)
+
+    con = sub.add_parser("consolidate", help="merge near-duplicate facts of the same week in a store file")
+    con.add_argument("--store", type=Path, required=True, help="a .pgr store file")
+    con.add_argument("--user", action="append", default=[], help="only this user (repeatable; default: all)")
+    con.add_argument("--include-turns", action="store_true", help="merge raw turns too (off: they are evidence)")
+    con.add_argument("--no-llm", action="store_true", help="merge without an LLM (keep the most repeated wording)")
+    con.add_argument("--json", action="store_true")
+    _merge_options(con)
+    _llm_options(con)
+    con.set_defaults(func=cmd_consolidate)
+
+    gl = sub.add_parser("guideline", help="the extraction guideline S: show it, or induce a better one")
+    gl.add_argument("action", choices=["induce", "show"])
+    gl.add_argument("--guideline", type=Path, default=None, help="start from this guideline file (default: built in)")
+    gl.add_argument("--rendered", action="store_true", help="show: with its placeholders filled")
+    gl.add_argument("--data", type=Path, default=None, help="induce: the PrefEval folder")
+    gl.add_argument("--out", type=Path, default=Path("guideline-induction"), help="induce: S versions and history.json")
+    gl.add_argument("--train", type=int, default=8, help="training examples (8)")
+    gl.add_argument("--val", type=int, default=4, help="held-out validation examples (4)")
+    gl.add_argument("--fillers", type=int, default=0, help="filler conversations per history (0)")
+    gl.add_argument("--steps", type=int, default=2, help="induction steps (2)")
+    gl.add_argument("--batch", type=int, default=4, help="training examples per step (4)")
+    gl.add_argument("--candidates", type=int, default=1, help="edited guidelines tried per step (1)")
+    gl.add_argument("--rollouts", type=int, default=2, help="rollouts per training example, to contrast (2)")
+    gl.add_argument("--retrieval", choices=["query-only", "pgr-facet", "pgr"], default="query-only")
+    gl.add_argument("--top-k", type=int, default=10, help="facts given to the answerer (10)")
+    gl.add_argument(
+        "--free-form", action="store_true", help="answer in words and judge with the LLM, not multiple choice"
+    )
+    gl.add_argument("--seed", type=int, default=0)
+    gl.add_argument("--cache", type=Path, default=None, help="LLM reply cache folder")
+    _llm_options(gl)
+    gl.set_defaults(func=cmd_guideline)

@@ -1,0 +1,53 @@
+"""The write side: conversation logs in, a consolidated fact memory out, and a guideline that learns.
+
+- :class:`Ingestor` (``pgr ingest``): sessions in, facts out, through any writable store; raw turns
+  without an LLM, typed facts with upserts under a guideline S with one. Idempotent and resumable.
+- :class:`Consolidator` (``pgr consolidate``): near-duplicates of the same week merged, one LLM call
+  per cluster, atomically through a write-ahead :class:`Journal`.
+- :class:`Guideline`: the versioned text S of MemCoE's update M(t+1) = T(M(t), h(t); S).
+- :func:`~pgr_core.write.induction.induce` (``pgr guideline induce``): guideline induction from
+  training examples (e.g. :func:`~pgr_core.write.prefeval.prefeval_examples`).
+- :mod:`pgr_core.write.rewards` and :mod:`pgr_core.write.gmpo`: GMPO's rewards and its GRPO training
+  entry point (``pip install 'pgr[train]'``).
+
+>>> from pgr_core.write import Ingestor, Session, Turn  # doctest: +SKIP
+>>> Ingestor(store).ingest([Session("s1", "2025-03-02", [Turn("user", "I hurt my knee")])],
+...                        scope=Scope(user_id="u1"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from .consolidate import ConsolidationReport, Consolidator, Journal
+from .extract import ExtractedFact, Extraction, extract, parse_extraction
+from .guideline import DEFAULT_GUIDELINE, FACT_TYPES, Guideline, GuidelineError
+from .ingest import Ingestor, IngestReport, raw_facts
+from .ledger import Ledger, LedgerEntry
+from .sessions import Session, Turn, UserSessions, jsonl_sessions, locomo_sessions
+from .stores import FactWriter, WritableStore, writer_for
+
+__all__ = [
+    "ConsolidationReport",
+    "Consolidator",
+    "DEFAULT_GUIDELINE",
+    "Extraction",
+    "ExtractedFact",
+    "FACT_TYPES",
+    "FactWriter",
+    "Guideline",
+    "GuidelineError",
+    "IngestReport",
+    "Ingestor",
+    "Journal",
+    "Ledger",
+    "LedgerEntry",
+    "Session",
+    "Turn",
+    "UserSessions",
+    "WritableStore",
+    "extract",
+    "jsonl_sessions",
+    "locomo_sessions",
+    "parse_extraction",
+    "raw_facts",
+    "writer_for",
+]

@@ -1,0 +1,178 @@
+"""Conversation sessions, the input of the write side, and loaders that read them from data sets.
+
+A :class:`Session` is one dated conversation: an id, a date and its turns. Loaders read them from
+where they lie (nothing is copied): :func:`locomo_sessions` (LoCoMo, one user per conversation) and
+:func:`jsonl_sessions` (one user per line, the format of ``docs/eval-format.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .._dates import DateLike, parse_date
+from ..errors import InvalidArgumentError
+from ..types import Scope
+
+__all__ = ["Session", "Turn", "UserSessions", "jsonl_sessions", "locomo_sessions", "scope_label"]
+
+ASSISTANT_ROLES = frozenset({"assistant", "system", "tool"})
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One utterance. ``id`` is the data set's own turn id when it has one (LoCoMo's ``D1:3``)."""
+
+    speaker: str
+    text: str
+    id: str | None = None
+
+    @property
+    def line(self) -> str:
+        return f"{self.speaker}: {self.text}"
+
+
+@dataclass(frozen=True)
+class Session:
+    """One dated conversation.
+
+    >>> s = Session("s1", "2025-03-02", [Turn("user", "My physio says no sudden stops until July.")])
+    >>> s.date.year
+    2025
+    """
+
+    id: str
+    date: datetime | None
+    turns: tuple[Turn, ...]
+
+    def __init__(self, id: str, date: DateLike | None, turns: Sequence[Turn | Mapping[str, Any]]) -> None:
+        if not isinstance(id, str) or not id.strip():
+            raise InvalidArgumentError(f"a session needs a non-empty string id, got {id!r}")
+        object.__setattr__(self, "id", id)
+        object.__setattr__(self, "date", parse_date(date, what=f"session {id} date"))
+        object.__setattr__(self, "turns", tuple(_turn(t, id, i) for i, t in enumerate(turns)))
+
+    @property
+    def content_hash(self) -> str:
+        """A hash of the date and every turn: the ledger's test for "already ingested, unchanged"."""
+        payload = json.dumps(
+            [self.date.isoformat() if self.date else None, [[t.speaker, t.text, t.id] for t in self.turns]],
+            ensure_ascii=False,
+        )
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:32]
+
+    def transcript(self, limit: int = 12000) -> str:
+        """The turns as ``speaker: text`` lines, cut to ``limit`` characters (the end is kept)."""
+        text = "\n".join(t.line for t in self.turns)
+        return text if len(text) <= limit else "[... earlier turns cut ...]\n" + text[-limit:]
+
+
+def _turn(value: Turn | Mapping[str, Any], session: str, i: int) -> Turn:
+    if isinstance(value, Turn):
+        return value
+    if isinstance(value, Mapping):
+        text = value.get("text", value.get("content"))
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"session {session} turn {i}: needs a 'text' string")
+        speaker = value.get("speaker") or value.get("role") or "user"
+        return Turn(str(speaker), text, value.get("id"))
+    raise InvalidArgumentError(f"session {session} turn {i}: a Turn or a mapping, not {type(value).__name__}")
+
+
+def scope_label(scope: Scope) -> str:
+    """A readable prefix for fact ids of ``scope``: ``u1``, or ``u1/agent/run`` when more is set."""
+    return "/".join(v for v in (scope.user_id, scope.agent_id, scope.run_id) if v)
+
+
+@dataclass
+class UserSessions:
+    """One user's sessions (a LoCoMo conversation, a JSONL line)."""
+
+    scope: Scope
+    sessions: list[Session] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- LoCoMo
+
+_SESSION_KEY = re.compile(r"^session_(\d+)$")
+
+
+def _locomo_when(text: str) -> datetime | None:
+    for fmt in ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y"):
+        try:
+            return datetime.strptime(text.strip(), fmt)
+        except ValueError:
+            continue
+    return None
+
+
+def locomo_sessions(path: str | Path, *, users: Sequence[str] | None = None) -> Iterator[UserSessions]:
+    """LoCoMo's conversations as sessions: ``Scope(user_id=<sample id>)``, session ids ``S1``, ``S2``...
+
+    Turn ids are LoCoMo's ``dia_id`` (``D1:3``), so raw ingestion gives each turn the fact id
+    ``<sample>:D1:3`` that the evaluation's gold evidence names. A shared image's caption is kept in
+    the turn text (``[shares ...]``), as the evaluation loader does.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "locomo10.json"
+    if not path.exists():
+        raise InvalidArgumentError(f"no LoCoMo file at {path} (expected locomo10.json)")
+    wanted = set(users) if users else None
+    for conv in json.loads(path.read_text(encoding="utf-8")):
+        sample = conv["sample_id"]
+        if wanted is not None and sample not in wanted:
+            continue
+        raw = conv["conversation"]
+        keys = sorted((k for k in raw if _SESSION_KEY.match(k)), key=lambda k: int(k.split("_")[1]))
+        sessions = []
+        for key in keys:
+            turns = []
+            for t in raw[key]:
+                text = t["text"] + (f" [shares {t['blip_caption']}]" if t.get("blip_caption") else "")
+                turns.append(Turn(t["speaker"], text, t.get("dia_id")))
+            sessions.append(Session(f"S{key.split('_')[1]}", _locomo_when(raw.get(f"{key}_date_time", "")), turns))
+        yield UserSessions(Scope(user_id=sample), sessions)
+
+
+# --------------------------------------------------------------------------- JSONL (docs/eval-format.md)
+
+
+def jsonl_sessions(path: str | Path, *, users: Sequence[str] | None = None) -> Iterator[UserSessions]:
+    """One user per line: ``{"user_id", "sessions": [{"id", "date", "turns": [{speaker|role, text}]}]}``.
+
+    Lines without ``sessions`` are skipped (a line may carry only facts). Errors name the line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidArgumentError(f"no sessions file at {path}")
+    wanted = set(users) if users else None
+    with path.open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InvalidArgumentError(f"{path} line {n}: not JSON ({exc.msg})") from None
+            if not isinstance(record, dict) or "user_id" not in record:
+                raise InvalidArgumentError(f"{path} line {n}: expected an object with a 'user_id'")
+            user = str(record["user_id"])
+            if wanted is not None and user not in wanted:
+                continue
+            sessions = []
+            for j, s in enumerate(record.get("sessions") or []):
+                if not isinstance(s, dict) or "id" not in s:
+                    raise InvalidArgumentError(f"{path} line {n} session {j}: needs an 'id'")
+                try:
+                    sessions.append(Session(str(s["id"]), s.get("date"), s.get("turns") or []))
+                except InvalidArgumentError as exc:
+                    raise InvalidArgumentError(f"{path} line {n}: {exc}") from None
+            if sessions:
+                yield UserSessions(Scope(user_id=user), sessions)

@@ -1,0 +1,148 @@
+"""Writing facts through a store: the small protocol the write side needs, and a wrapper over it.
+
+A store is writable when it has ``add_facts(facts) -> ids`` (:class:`~pgr_core.InMemoryStore`,
+``pgr_adapters.mem0.Mem0Store``) or ``upsert_facts(facts) -> ids`` (``pgr_adapters.qdrant.QdrantStore``).
+Ingestion needs only that. Consolidation also needs ``delete(ids)`` and a way to list a scope's facts
+(``facts``), and ids that survive the write (a store that makes up its own ids, as mem0 does, cannot
+replace a fact in place). :class:`FactWriter` says which of these a store has and names what is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .._dates import parse_date
+from ..embedders import Embedder
+from ..errors import ConfigurationError, StoreError
+from ..types import Fact, Scope
+
+__all__ = ["FactWriter", "WritableStore", "fact_from_dict", "latest_date", "writer_for"]
+
+
+@runtime_checkable
+class WritableStore(Protocol):
+    """A store facts can be written into. ``add_facts`` stores them (replacing any fact with the same
+    id) and returns their ids in order."""
+
+    def add_facts(self, facts: Sequence[Fact]) -> list[str]: ...
+
+
+class FactWriter:
+    """The write operations of one store, found by duck typing, with clear errors for missing ones.
+
+    - ``put(facts)``: ``add_facts`` or ``upsert_facts``.
+    - ``remove(ids)``: ``delete(ids)``.
+    - ``facts_of(scope)``: every fact ``scope`` sees (from the store's ``facts`` listing).
+    - ``keeps_ids``: a fact written with id X can be found and replaced as X (False for mem0).
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        put = getattr(store, "add_facts", None) or getattr(store, "upsert_facts", None)
+        if not callable(put):
+            raise ConfigurationError(
+                f"{type(store).__name__} cannot be written to: the write side needs a store with "
+                "add_facts(facts) or upsert_facts(facts) (InMemoryStore, QdrantStore, Mem0Store)"
+            )
+        self._put = put
+        self.name = type(store).__name__
+        # mem0 makes its own ids on add: an update cannot keep the fact's id there
+        self.keeps_ids = self.name != "Mem0Store"
+
+    @property
+    def embedder(self) -> Embedder | None:
+        return getattr(self.store, "embedder", None)
+
+    def put(self, facts: Sequence[Fact]) -> list[str]:
+        batch = list(facts)
+        if not batch:
+            return []
+        try:
+            return list(self._put(batch))
+        except (StoreError, ConfigurationError):
+            raise
+        except Exception as exc:
+            raise StoreError(f"{self.name} failed to write {len(batch)} fact(s): {type(exc).__name__}: {exc}") from exc
+
+    @property
+    def can_remove(self) -> bool:
+        return callable(getattr(self.store, "delete", None))
+
+    @property
+    def can_list(self) -> bool:
+        return hasattr(self.store, "facts")
+
+    def require_rewrite(self, what: str) -> None:
+        """Raise unless the store can list, replace and delete facts by id (``what`` needs it)."""
+        missing = [
+            name
+            for name, ok in (
+                ("delete(ids)", self.can_remove),
+                ("a facts listing", self.can_list),
+                ("stable ids", self.keeps_ids),
+            )
+            if not ok
+        ]
+        if missing:
+            raise ConfigurationError(
+                f"{what} needs a store that can replace and delete facts by id; {self.name} lacks "
+                f"{', '.join(missing)}. Consolidate in an InMemoryStore, or in the framework's own tools"
+            )
+
+    def remove(self, ids: Iterable[str]) -> int:
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            return 0
+        if not self.can_remove:
+            raise ConfigurationError(f"{self.name} has no delete(ids): facts cannot be removed from it")
+        try:
+            return int(self.store.delete(wanted) or 0)
+        except Exception as exc:
+            raise StoreError(f"{self.name} failed to delete {len(wanted)} fact(s): {exc}") from exc
+
+    def get(self, fact_id: str) -> Fact | None:
+        getter = getattr(self.store, "get", None)
+        return getter(fact_id) if callable(getter) else None
+
+    def facts_of(self, scope: Scope) -> list[Fact]:
+        if not self.can_list:
+            raise ConfigurationError(f"{self.name} cannot list its facts")
+        return [f for f in self.store.facts if scope.allows(f.scope)]
+
+    def embed(self, texts: Sequence[str], embedder: Embedder | None = None) -> np.ndarray:
+        model = embedder or self.embedder
+        if model is None:
+            raise ConfigurationError(f"{self.name} has no embedder: pass embedder=... to compare facts")
+        return model.embed(list(texts)) if texts else np.zeros((0, model.dim), np.float32)
+
+
+def writer_for(store: Any) -> FactWriter:
+    """The :class:`FactWriter` of ``store`` (a ConfigurationError says what a read-only store lacks)."""
+    return store if isinstance(store, FactWriter) else FactWriter(store)
+
+
+# --------------------------------------------------------------------------- (de)serialising facts
+
+
+def fact_from_dict(data: Mapping[str, Any]) -> Fact:
+    """The inverse of :meth:`Fact.to_dict` (for the journal and the ledger)."""
+    return Fact(
+        id=str(data["id"]),
+        text=str(data["text"]),
+        scope=Scope(**data["scope"]),
+        type=data.get("type"),
+        date=parse_date(data.get("date")),
+        updated_at=parse_date(data.get("updated_at")),
+        session_id=data.get("session_id"),
+        position=data.get("position"),
+        metadata=dict(data.get("metadata") or {}),
+    )
+
+
+def latest_date(fact: Fact) -> datetime | None:
+    """When the fact was last said or confirmed: ``updated_at``, else ``date``."""
+    return fact.updated_at or fact.date
