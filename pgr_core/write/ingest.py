@@ -186,9 +186,8 @@ class Ingestor:
             for user in users:
                 for session in user.sessions:
                     self._ingest_session(session, user.scope, report)
+                    self._maybe_consolidate(user.scope, report)
                     bar.advance(note=f"{scope_label(user.scope)} +{report.facts_added} facts")
-                self._flush()
-                self._maybe_consolidate(user.scope, report)
         finally:
             self._flush()
             bar.close()
@@ -342,10 +341,14 @@ class Ingestor:
         self.ledger.record(entries)
 
     def _maybe_consolidate(self, scope: Scope, report: IngestReport) -> None:
+        """Consolidate ``scope`` once ``consolidate_every`` extracted facts came in since the last time."""
         if self.consolidator is None or self.consolidate_every is None:
             return
-        if self.ledger.pending(scope) < self.consolidate_every:
+        label = scope_label(scope)
+        unsaved = sum(e.new_facts for e in self._unsaved if e.scope == label and e.status == "ok")
+        if self.ledger.pending(scope) + unsaved < self.consolidate_every:
             return
+        self._flush()  # the sessions behind these facts are durable before any fact is merged
         result = self.consolidator.consolidate(scope)
         self.ledger.record_consolidation(scope, result.merged)
         report.consolidations += 1
