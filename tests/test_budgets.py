@@ -307,3 +307,18 @@ def test_usage_reports_calls_tokens_and_time_per_phase(store: InMemoryStore) -> 
     assert block["usage"]["total_tokens"] == trace.usage.total_tokens
     assert block["usage_by_phase"]["initial"]["store_calls"] == 1
     assert set(block["seconds_by_phase"]) >= {"augment", "initial", "personalized", "summary", "answer"}
+
+
+def test_readme_budget_example_runs(store: InMemoryStore, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Budgets and failures") :]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert code is not None
+    llm = ScriptedLLM(handler=replies)
+    exec(code.group(1), {"store": store, "llm": llm})
+    # augment lookup, Phase 1, one Phase-2 round that adds fewer than δ facts; four LLM calls fit the caps
+    assert capsys.readouterr().out.split() == ["delta_below_threshold", "None", "4", "3"]
+    assert len(llm.calls) == 4
