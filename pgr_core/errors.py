@@ -5,8 +5,11 @@
     │   │                      unparseable or naive/aware-mixed dates (also a ValueError)
     │   └── ScopeError         no scope, or a scope with none of user_id / agent_id / run_id
     ├── ConfigurationError     set-up that cannot work: no LLM where one is required, a missing extra,
-    │                          an unknown plugin, a store file written by another embedder
-    ├── StoreError             a store backend failed; the backend's exception is ``__cause__``
+    │                          an unknown plugin, a store file written by another embedder, a store
+    │                          that cannot filter by scope (``Capabilities.scoped=False``)
+    ├── StoreError             a store backend failed, or broke its contract (a partial batch, a hit
+    │                          list longer than K, a fact outside the caller's scope); the backend's
+    │                          exception, if any, is ``__cause__``
     └── LLMError               the LLM side failed (the policy degrades on these, never re-raises)
         ├── LLMTimeoutError
         ├── LLMConnectionError
@@ -15,7 +18,10 @@
 
 Retrieval never raises ``LLMError`` or ``StoreError`` to the caller for a failure it can degrade
 from: it returns what it has found so far and flags the trace. Configuration and argument errors
-are raised at once, before anything is searched or written.
+(a bad :class:`~pgr_core.types.Budget` included) are raised at once, before anything is searched or
+written. Reaching a budget's cap is no error at all: pgr stops asking the LLM, returns what it has and
+names the cap in ``trace.budget_hit``. :mod:`pgr_core.testing.faults` injects each failure; its
+docstring holds the outcome of every one.
 """
 
 from __future__ import annotations
