@@ -181,9 +181,11 @@ def cmd_guideline(args: argparse.Namespace) -> int:
 def _cmd_induce(args: argparse.Namespace) -> int:
     """Guideline induction on PrefEval: train, keep the best S on the validation split."""
     from .cli import _embedder
+    from .write.examples import prefeval_examples
     from .write.induction import InductionConfig, induce
-    from .write.prefeval import prefeval_examples
 
+    if args.data is None:
+        raise InvalidArgumentError("pgr guideline induce needs --data: the PrefEval folder (../shared/data/prefeval)")
     llm = _llm(args, required="guideline induction")
     assert llm is not None
     if args.cache is not None:

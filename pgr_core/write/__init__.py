@@ -6,7 +6,7 @@
   per cluster, atomically through a write-ahead :class:`Journal`.
 - :class:`Guideline`: the versioned text S of MemCoE's update M(t+1) = T(M(t), h(t); S).
 - :func:`~pgr_core.write.induction.induce` (``pgr guideline induce``): guideline induction from
-  training examples (e.g. :func:`~pgr_core.write.prefeval.prefeval_examples`).
+  training examples (e.g. :func:`~pgr_core.write.examples.prefeval_examples`).
 - :mod:`pgr_core.write.rewards` and :mod:`pgr_core.write.gmpo`: GMPO's rewards and its GRPO training
   entry point (``pip install 'pgr[train]'``).
 
@@ -18,8 +18,10 @@
 from __future__ import annotations
 
 from .consolidate import ConsolidationReport, Consolidator, Journal
+from .examples import TrainingExample, prefeval_examples
 from .extract import ExtractedFact, Extraction, extract, parse_extraction
 from .guideline import DEFAULT_GUIDELINE, FACT_TYPES, Guideline, GuidelineError
+from .induction import InductionConfig, InductionResult, induce
 from .ingest import Ingestor, IngestReport, raw_facts
 from .ledger import Ledger, LedgerEntry
 from .sessions import Session, Turn, UserSessions, jsonl_sessions, locomo_sessions
@@ -36,18 +38,23 @@ __all__ = [
     "Guideline",
     "GuidelineError",
     "IngestReport",
+    "InductionConfig",
+    "InductionResult",
     "Ingestor",
     "Journal",
     "Ledger",
     "LedgerEntry",
     "Session",
+    "TrainingExample",
     "Turn",
     "UserSessions",
     "WritableStore",
     "extract",
+    "induce",
     "jsonl_sessions",
     "locomo_sessions",
     "parse_extraction",
+    "prefeval_examples",
     "raw_facts",
     "writer_for",
 ]
