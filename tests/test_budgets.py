@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import openai  # noqa: F401 - imported up front: the deadline tests below should not pay for the import
 import pytest
 from conftest import U1, ScriptedProspector, make_store
 from loopback_llm import LoopbackLLM, Reply, Request, ok
@@ -212,7 +213,7 @@ class BlockedLLM(LLM):
 def test_the_deadline_abandons_a_blocked_call(store: InMemoryStore) -> None:
     llm = BlockedLLM()
     try:
-        result = PGR(store, llm=llm, strategy="tot").retrieve(QUERY, scope=U1, budget=Budget(deadline_s=0.2))
+        result = PGR(store, llm=llm, strategy="tot").retrieve(QUERY, scope=U1, budget=Budget(deadline_s=0.5))
         returned_while_blocked = llm.started.is_set() and not llm.finished.is_set()
     finally:
         llm.release.set()
@@ -227,7 +228,7 @@ def test_the_deadline_abandons_a_blocked_await(store: InMemoryStore) -> None:
     llm = BlockedLLM()
 
     async def main() -> tuple[Any, bool]:
-        result = await PGR(store, llm=llm, strategy="tot").aretrieve(QUERY, scope=U1, budget=Budget(deadline_s=0.2))
+        result = await PGR(store, llm=llm, strategy="tot").aretrieve(QUERY, scope=U1, budget=Budget(deadline_s=0.5))
         blocked = llm.started.is_set() and not llm.finished.is_set()
         llm.release.set()  # before asyncio.run waits for its worker threads
         return result, blocked
@@ -261,7 +262,7 @@ def test_the_deadline_is_the_http_clients_timeout(
     srv, gate = gated_server
     llm = OpenAICompatible(base_url=srv.base_url, model="m", timeout=30, max_retries=0)
     pgr = PGR(store, llm=llm, strategy="tot")
-    budget = Budget(deadline_s=0.3)
+    budget = Budget(deadline_s=1.0)
     if mode == "sync":
         result = pgr.retrieve(QUERY, scope=U1, budget=budget)
     else:
