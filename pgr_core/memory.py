@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ._dates import DateLike, parse_date
+from .caches import CachedEmbedder
 from .embedders import Embedder, default_embedder
 from .errors import ConfigurationError, InvalidArgumentError
 from .store import Store, validate_probes
@@ -39,14 +40,25 @@ class InMemoryStore(Store):
     Keeps each fact's session and position, so the temporal window works. Save to and load from a
     single ``.pgr`` file with :meth:`save` / :meth:`load`.
 
+    Probes are embedded through a :class:`~pgr_core.caches.CachedEmbedder` (``embedding_cache``
+    entries, text → vector, shared by every scope; 0 for none), which PGR's probe hygiene shares, so a
+    round's probes are embedded once. Facts are embedded straight, without filling that cache.
+    Listeners (:meth:`~pgr_core.store.Store.add_listener`) hear of every write and deletion, with the
+    scopes of the facts changed.
+
     >>> store = InMemoryStore(embedder=HashingEmbedder())  # doctest: +SKIP
     >>> store.add("I hurt my knee in March", scope=Scope(user_id="u1"), date="2025-03-10")  # doctest: +SKIP
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities(writable=True, dates=True, cosine_scores=True, window=True)
 
-    def __init__(self, embedder: Embedder | None = None) -> None:
-        self.embedder: Embedder = embedder if embedder is not None else default_embedder()
+    def __init__(self, embedder: Embedder | None = None, *, embedding_cache: int = 4096) -> None:
+        if isinstance(embedding_cache, bool) or not isinstance(embedding_cache, int) or embedding_cache < 0:
+            raise InvalidArgumentError(f"embedding_cache must be an integer >= 0, got {embedding_cache!r}")
+        chosen = embedder if embedder is not None else default_embedder()
+        self.embedder: Embedder = (
+            CachedEmbedder.wrap(chosen, max_entries=embedding_cache) if embedding_cache else chosen
+        )
         self._facts: list[Fact] = []
         self._ids: dict[str, int] = {}
         self._vectors = np.zeros((0, self.embedder.dim), dtype=np.float32)
@@ -103,15 +115,25 @@ class InMemoryStore(Store):
         sees a row half replaced (nor, through a replaced id, another owner's fact).
         """
         batch = list(facts)
+        owners = self._write(batch, vectors)
+        self._notify(owners)
+        return [f.id for f in batch] if owners else []
+
+    def _write(self, batch: list[Fact], vectors: np.ndarray | None) -> set[Scope]:
+        """Store ``batch``; return the scopes whose facts changed (new owners and replaced ones)."""
         self._validate(batch)
         if vectors is None:
-            vectors = self.embedder.embed([f.text for f in batch]) if batch else None
+            if batch:  # straight to the model: a bulk write would flush the probe cache
+                embedder = self.embedder
+                embed = embedder.embed_uncached if isinstance(embedder, CachedEmbedder) else embedder.embed
+                vectors = embed([f.text for f in batch])
         elif vectors.shape != (len(batch), self.embedder.dim):
             raise InvalidArgumentError(
                 f"vectors must have shape ({len(batch)}, {self.embedder.dim}), got {vectors.shape}"
             )
         if not batch or vectors is None:
-            return []
+            return set()
+        owners: set[Scope] = set()
         with self._lock:
             self._check_dates(batch)
             rows_now = len(self._vectors)
@@ -127,6 +149,7 @@ class InMemoryStore(Store):
                     appended.append(vector)
                 else:
                     old = facts[row]
+                    owners.add(old.scope)
                     if old.session_id is not None and old.position is not None:
                         turns.pop((_scope_key(old.scope), old.session_id, old.position), None)
                     facts[row] = fact
@@ -134,6 +157,7 @@ class InMemoryStore(Store):
                         replaced[row] = vector
                     else:  # replaced within this same batch
                         appended[row - rows_now] = vector
+                owners.add(fact.scope)
                 if fact.session_id is not None and fact.position is not None:
                     turns[(_scope_key(fact.scope), fact.session_id, fact.position)] = row
             matrix = self._vectors.copy() if replaced else self._vectors
@@ -144,15 +168,17 @@ class InMemoryStore(Store):
             self._facts, self._turns, self._vectors = facts, turns, matrix
             self._version += 1
             self._scope_cache.clear()  # every scope's rows are recomputed after any write or deletion
-        return [f.id for f in batch]
+        return owners
 
     def delete(self, fact_ids: Iterable[str]) -> int:
-        """Remove facts by id; returns how many were removed. Every scope's cached rows are dropped."""
+        """Remove facts by id; returns how many were removed. Every scope's cached rows are dropped, and
+        listeners hear of the removed facts' scopes."""
         wanted = set(fact_ids)
         with self._lock:  # one critical section: no search sees the store emptied half-way
             doomed = {i for i in wanted if i in self._ids}
             if not doomed:
                 return 0
+            owners = {self._facts[self._ids[i]].scope for i in doomed}
             keep = [r for r, f in enumerate(self._facts) if f.id not in doomed]
             facts = [self._facts[r] for r in keep]
             vectors = self._vectors[keep] if keep else np.zeros((0, self.embedder.dim), np.float32)
@@ -161,7 +187,8 @@ class InMemoryStore(Store):
             self._aware = None
             self._version += 1
             self._scope_cache.clear()
-            self.add_facts(facts, vectors=vectors)  # the lock is re-entrant
+            self._write(facts, vectors)  # the lock is re-entrant
+        self._notify(owners)
         return len(doomed)
 
     def _validate(self, batch: list[Fact]) -> None:

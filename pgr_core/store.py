@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar
 
 from .errors import ConfigurationError, InvalidArgumentError, StoreError
 from .types import Capabilities, Fact, Hit, Scope, SearchParams
 
-__all__ = ["Store", "validate_probes"]
+__all__ = ["ChangeListener", "Store", "validate_probes"]
+
+#: Called after a write or deletion with the owners (scopes) of the facts that changed.
+ChangeListener = Callable[[frozenset[Scope]], None]
+_LISTENERS_LOCK = threading.Lock()  # guards the first creation of a store's listener list
 
 
 def validate_probes(probes: Sequence[str]) -> list[str]:
@@ -37,6 +43,11 @@ class Store(ABC):
     (fewer or more hit lists than probes), a list with more than ``top_k`` direct hits, anything that
     is not a list of :class:`Hit`, or a fact outside the caller's scope becomes a :class:`StoreError`,
     and the policy degrades: that round's hits are discarded, never half-used.
+
+    A writable store reports its changes to listeners (:meth:`add_listener`) by calling
+    :meth:`_notify` after each write or deletion; pgr's caches that hold per-scope results (the
+    Phase-1 reuse cache) clear themselves there. A store that never notifies is still safe: those
+    caches also expire their entries.
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities()
@@ -61,6 +72,45 @@ class Store(ABC):
     async def asearch_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
         """Async twin of :meth:`search_batch`."""
         return await asyncio.to_thread(self.search_batch, probes, scope=scope, params=params)
+
+    # -- change notification
+    def add_listener(self, callback: ChangeListener) -> None:
+        """Call ``callback(scopes)`` after every write or deletion, with the scopes owning the facts that
+        were added, replaced or removed. A bound method is held weakly (a PGR and its caches can be
+        dropped without unregistering); any other callable is held until :meth:`remove_listener`.
+        A listener that raises is ignored: a cache must never fail a write.
+        """
+        ref: Any
+        try:
+            ref = weakref.WeakMethod(callback)  # type: ignore[arg-type]
+        except TypeError:  # a function, or a method of an object that takes no weak reference
+            ref = callback
+        with _LISTENERS_LOCK:
+            listeners = self.__dict__.setdefault("_pgr_listeners", [])
+            listeners.append(ref)
+
+    def remove_listener(self, callback: ChangeListener) -> None:
+        """Stop calling ``callback``; unknown callbacks are ignored."""
+        with _LISTENERS_LOCK:
+            listeners = self.__dict__.get("_pgr_listeners", [])
+            listeners[:] = [r for r in listeners if _resolve(r) not in (None, callback)]
+
+    def _notify(self, scopes: Iterable[Scope]) -> None:
+        """Tell every listener that facts owned by ``scopes`` changed (subclasses call this after writing)."""
+        owners = frozenset(scopes)
+        if not owners:
+            return
+        with _LISTENERS_LOCK:
+            listeners = self.__dict__.get("_pgr_listeners", [])
+            live = [(r, _resolve(r)) for r in listeners]
+            listeners[:] = [r for r, fn in live if fn is not None]
+        for _, fn in live:
+            if fn is None:
+                continue
+            try:
+                fn(owners)
+            except Exception:  # a listener's failure must not undo or fail the write
+                continue
 
     # -- what the policy calls: argument checks and error mapping around the hook
     def _precheck(self, probes: Sequence[str], scope: Scope) -> tuple[list[str], Scope]:
@@ -115,6 +165,10 @@ class Store(ABC):
                 f"{name} returned {len(leaked)} fact(s) outside scope {scope.as_dict()}; refusing to pass them on"
             )
         return checked
+
+
+def _resolve(ref: Any) -> Callable[[frozenset[Scope]], None] | None:
+    return ref() if isinstance(ref, weakref.WeakMethod) else ref  # type: ignore[no-any-return]
 
 
 def _well_formed(hit: object) -> bool:

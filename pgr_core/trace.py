@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from .types import Fact
 
-__all__ = ["DroppedProbe", "FoundFact", "Probe", "RetrievalResult", "Round", "Step", "Trace", "Usage"]
+__all__ = ["Adaptive", "DroppedProbe", "FoundFact", "Probe", "RetrievalResult", "Round", "Step", "Trace", "Usage"]
 
 Phase = Literal["augment", "initial", "personalized", "query_only", "summary", "answer"]
 StopReason = Literal[
@@ -20,6 +20,7 @@ StopReason = Literal[
     "budget_llm_calls",  # Budget.max_llm_calls was reached; pgr stopped asking the LLM
     "budget_tokens",  # the next LLM call would not fit in Budget.max_tokens
     "deadline",  # Budget.deadline_s ran out (before a call, or while one was in flight)
+    "adaptive_skip",  # adaptive mode: the query's own hits already answer a plain factual question
 ]
 BudgetReason = Literal["budget_llm_calls", "budget_tokens", "deadline"]
 
@@ -61,6 +62,11 @@ class Usage:
 
     ``seconds`` is time spent waiting on the LLM, ``store_seconds`` on the store; failed calls count.
     A phase's wall time (prompt building, hygiene and ranking included) is in ``Trace.seconds_by_phase``.
+
+    Embeddings (probe hygiene's, and the store's when it embeds through a
+    :class:`~pgr_core.caches.CachedEmbedder`, as the embedded store and MiniLM do): ``embed_calls`` that
+    reached an embedding model, the ``embed_texts`` it embedded, and ``embed_cache_hits``, texts served
+    from the cache instead.
     """
 
     llm_calls: int = 0
@@ -69,6 +75,9 @@ class Usage:
     seconds: float = 0.0
     store_calls: int = 0
     store_seconds: float = 0.0
+    embed_calls: int = 0
+    embed_texts: int = 0
+    embed_cache_hits: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -81,9 +90,26 @@ class Usage:
         self.seconds += other.seconds
         self.store_calls += other.store_calls
         self.store_seconds += other.store_seconds
+        self.embed_calls += other.embed_calls
+        self.embed_texts += other.embed_texts
+        self.embed_cache_hits += other.embed_cache_hits
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "total_tokens": self.total_tokens}
+
+
+@dataclass
+class Adaptive:
+    """What adaptive mode decided: whether prospection was skipped, and why.
+
+    ``mode`` is ``"heuristic"`` (a plain factual question whose top hit scores at least the threshold)
+    or ``"llm"`` (the augmentation call said its records already answer the question).
+    """
+
+    mode: Literal["heuristic", "llm"]
+    skipped: bool
+    reason: str
+    top_score: float | None = None
 
 
 @dataclass
@@ -158,6 +184,9 @@ class Trace:
     budget: dict[str, float] | None = None  # the caps this call ran under (None: no cap)
     budget_hit: BudgetReason | None = None  # the cap that stopped pgr asking the LLM
     budget_phase: str | None = None  # the phase whose LLM call (or round) that cap refused
+    adaptive: Adaptive | None = None  # adaptive mode's decision (None: mode off)
+    reused_phase1_from: str | None = None  # the earlier query whose Phase-1 prospection was reused
+    reused_similarity: float | None = None  # its cosine to this query
 
     @property
     def store_calls(self) -> int:
