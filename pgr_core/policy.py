@@ -16,6 +16,7 @@ prospecting and keeps what it has.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,6 +27,7 @@ from typing import Any
 
 from ._dates import DateLike, check_same_kind, parse_date
 from ._effects import Ask, Flow, Search
+from .caches import CachedEmbedder, ProspectionCache, Reusable, counting_embeddings, current_count
 from .embedders import Embedder
 from .errors import ConfigurationError, InvalidArgumentError, LLMError, LLMTimeoutError, StoreError
 from .hygiene import Hygiene, clean_steps
@@ -34,7 +36,7 @@ from .llm import Usage as CallUsage
 from .prompts import render
 from .prospectors import FacetProspector, LLMProspector, Prospection, Prospector, plain_summary, quoted
 from .store import Store
-from .trace import BudgetReason, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
+from .trace import Adaptive, BudgetReason, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
 from .types import Budget, Hit, Scope, SearchParams
 
 __all__ = ["PGR", "Answer", "PGRConfig"]
@@ -44,6 +46,20 @@ _ANSWER_TOKENS = 500  # max_tokens of the answer call; answer() keeps them (and 
 _MAX_INTENT_CHARS = 600  # q_A goes into every later prompt: a runaway restatement is cut
 _MAX_SUMMARY_CHARS = 2000
 _ABANDONED = "no answer in the {seconds:.3g}s the deadline left; the call was abandoned"
+_ADAPTIVE_MODES = ("off", "heuristic", "llm")
+# A plain factual question opens with a wh-word (after an optional "and"/"so"/"but")...
+_FACTUAL = re.compile(
+    r"^(?:(?:and|so|but|also|ok|okay)[ ,]+)?"
+    r"(when|where|who|whom|whose|which|what|how (?:many|much|long|old|often|far))\b",
+    re.IGNORECASE,
+)
+# ...and asks for no advice, plan, judgement or guess: those are what prospection is for.
+_NOT_PLAIN = re.compile(
+    r"\b(should|shall|could|would|might|ought|can i|can we|can you|do you think|help me|plan|planning|"
+    r"recommend\w*|suggest\w*|advi[cs]e|ideas?|tips?|what if|worth|better|best way|likely|probably|"
+    r"how do i|how can i)\b",
+    re.IGNORECASE,
+)
 
 BudgetArg = Budget | Mapping[str, Any] | None
 
@@ -66,6 +82,23 @@ class PGRConfig:
       20 facts are the baseline's and prospection adds what comes after).
     - ``budget``: the :class:`Budget` every call runs under (LLM calls, tokens, deadline; no cap by
       default). A call's own ``budget=`` can only tighten it.
+
+    Savings (each switchable; see :mod:`pgr_core.caches`):
+
+    - ``embedding_cache`` (on): probe texts are embedded once per call and across calls: hygiene and
+      the store share one text → vector cache (the store's own :class:`~pgr_core.caches.CachedEmbedder`
+      when it has one, else one of ``embedding_cache_size`` entries). Results are unchanged. Off, every
+      cache on the call's path passes straight through.
+    - ``phase1_reuse`` (off): a query whose cosine to an earlier one of the same scope and date reaches
+      ``phase1_reuse_threshold`` (0.95) reuses that query's q_A and initial steps (no augmentation or
+      Phase-1 LLM call); the store is probed afresh. At most ``phase1_reuse_max_entries`` (64) per
+      scope, each ``phase1_reuse_ttl_s`` (3600) seconds at most, cleared when the store reports a
+      change in the scope.
+    - ``adaptive`` (``"off"``): skip prospection when the query's own hits already answer a plain
+      factual question, returning the query-only top ``query_only_k``. ``"heuristic"``: a wh-question
+      (when, where, who, which, what, how many...) asking no advice or plan, whose top hit scores at
+      least ``adaptive_min_score`` (0.55); no LLM call at all. ``"llm"``: the augmentation call also
+      says whether its records answer the question (no extra call).
     """
 
     top_k: int = 5
@@ -82,9 +115,34 @@ class PGRConfig:
     augment: bool = True
     hygiene: Hygiene = field(default_factory=Hygiene)
     budget: Budget = field(default_factory=Budget)
+    embedding_cache: bool = True
+    embedding_cache_size: int = 4096
+    phase1_reuse: bool = False
+    phase1_reuse_threshold: float = 0.95
+    phase1_reuse_ttl_s: float = 3600.0
+    phase1_reuse_max_entries: int = 64
+    adaptive: str = "off"
+    adaptive_min_score: float = 0.55
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", Budget.coerce(self.budget) or Budget())
+        for name in ("augment", "embedding_cache", "phase1_reuse"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgumentError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.adaptive not in _ADAPTIVE_MODES:
+            modes = ", ".join(map(repr, _ADAPTIVE_MODES))
+            raise InvalidArgumentError(f"adaptive must be one of {modes}, got {self.adaptive!r}")
+        a = self.adaptive_min_score
+        if isinstance(a, bool) or not isinstance(a, int | float) or not 0.0 <= a <= 1.0:
+            raise InvalidArgumentError(f"adaptive_min_score must be a number in [0, 1], got {a!r}")
+        size = self.embedding_cache_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InvalidArgumentError(f"embedding_cache_size must be an integer >= 0, got {size!r}")
+        ProspectionCache(  # validates the reuse options
+            threshold=self.phase1_reuse_threshold,
+            max_entries=self.phase1_reuse_max_entries,
+            ttl_s=self.phase1_reuse_ttl_s,
+        )
         self.probe_params()  # validates top_k, min_score, window
         SearchParams(self.augment_top_k, self.augment_min_score)
         SearchParams(self.query_only_k, 0.0)
@@ -130,6 +188,22 @@ def _strategy_prospector(strategy: str | Prospector | None, llm: LLM | None) -> 
     if strategy == "facet":
         return FacetProspector()
     raise InvalidArgumentError(f"unknown strategy {strategy!r}: use 'tot', 'cot', 'facet' or a Prospector")
+
+
+def _renumbered(steps: Sequence[Step], round_index: int) -> list[Step]:
+    """Fresh copies of reused steps with this call's ids (``r<round>.<n>``), tree links kept."""
+    ids = {s.id: f"r{round_index}.{i}" for i, s in enumerate(steps, 1)}
+    return [
+        Step(
+            id=ids[s.id],
+            text=s.text,
+            dimension=s.dimension,
+            parent=ids.get(s.parent) if s.parent else None,
+            children=[ids[c] for c in s.children if c in ids],
+            round=round_index,
+        )
+        for s in steps
+    ]
 
 
 def _cut(hits: list[Hit], top_k: int, min_score: float) -> list[Hit]:
@@ -178,8 +252,27 @@ class PGR:
         self.llm = llm
         self.prospector = _strategy_prospector(strategy, llm)
         self.strategy = getattr(self.prospector, "strategy", self.prospector.name)
-        # Hygiene compares probes by embedding; the store's own embedder, when it has one.
-        self.embedder: Embedder | None = embedder or getattr(store, "embedder", None)
+        # Hygiene compares probes by embedding: the store's own embedder when it has one, behind a cache
+        # (the store's own when it caches, so the store's embedding of each round's probes is free).
+        cfg = self.config
+        own = getattr(store, "embedder", None)
+        if embedder is None or (isinstance(own, CachedEmbedder) and own.inner is embedder):
+            embedder = own
+        self.embedder: Embedder | None = (
+            CachedEmbedder.wrap(embedder, max_entries=cfg.embedding_cache_size) if embedder is not None else None
+        )
+        self.phase1_cache: ProspectionCache | None = None
+        if cfg.phase1_reuse:
+            if self.embedder is None:
+                raise ConfigurationError(
+                    "phase1_reuse compares queries by embedding: pass embedder=... or use a store that has one"
+                )
+            self.phase1_cache = ProspectionCache(
+                threshold=cfg.phase1_reuse_threshold,
+                max_entries=cfg.phase1_reuse_max_entries,
+                ttl_s=cfg.phase1_reuse_ttl_s,
+            )
+            store.add_listener(self.phase1_cache.invalidate)  # held weakly: dropping this PGR drops it
 
     def __repr__(self) -> str:
         return f"PGR(store={type(self.store).__name__}, prospector={self.prospector.name!r}, llm={self.llm!r})"
@@ -310,13 +403,38 @@ class PGR:
         p.trace.intent = p.intent
         summary = yield from self._summary(p)
         trace.seconds = time.perf_counter() - started
-        return RetrievalResult(facts=self._ranked(p), summary=summary, trace=trace)
+        facts = self._ranked(p)
+        if trace.stop_reason == "adaptive_skip":
+            facts = facts[: self.config.query_only_k]
+        return RetrievalResult(facts=facts, summary=summary, trace=trace)
 
     def _run_phases(self, p: Prospection, meter: _Meter) -> Flow:
         cfg = self.config
-        if self.prospector.requires_llm and cfg.augment:
-            p.intent = yield from self._augment(p)
-        new = yield from self._initial_prospection(p)
+        cache = self.phase1_cache
+        version = cache.begin(p.scope) if cache is not None else 0  # before anything reads the store
+        lookup: tuple[Round, list[Hit]] | None = None
+        if cfg.adaptive != "off":
+            lookup = yield from self._lookup(p)
+            if lookup is not None and cfg.adaptive == "heuristic":
+                p.trace.adaptive = self._heuristic(p.query, lookup[1])
+                if p.trace.adaptive.skipped:
+                    self._keep_query_hits(p, *lookup)
+                    return
+        reused = self._reusable(p)
+        if reused is not None:
+            p.intent = reused.intent
+            p.trace.reused_phase1_from, p.trace.reused_similarity = reused.query, round(reused.similarity, 6)
+        elif self.prospector.requires_llm and cfg.augment and not p.trace.degraded:
+            p.ask_answered = cfg.adaptive == "llm"
+            p.intent = yield from self._augment(p, lookup[1] if lookup is not None else None)
+        if cfg.adaptive == "llm":
+            p.trace.adaptive = self._llm_decision(p, reused)
+            if p.trace.adaptive.skipped and lookup is not None:
+                self._keep_query_hits(p, *lookup)
+                return
+        new = yield from self._initial_prospection(p, reused)
+        if cache is not None and reused is None and p.query_vector is not None:
+            self._remember(p, cache, version)
         if p.trace.degraded:
             return
         if p.trace.budget_hit:
@@ -340,18 +458,100 @@ class PGR:
                 p.trace.stop_reason = "no_new_probes"
                 return
 
-    def _augment(self, p: Prospection) -> Flow:
-        """Step 0: the query under the strict floor τo, then the LLM's restatement q_A."""
+    # ------------------------------------------------------------------ adaptive mode
+
+    def _lookup(self, p: Prospection) -> Flow:
+        """The query's own top K (the baseline's, window included), read by adaptive mode and, cut to
+        (Ko, τo), by augmentation: one store call serves both. None when the store failed."""
+        cfg = self.config
         rnd = self._new_round(p, "augment")
-        params = SearchParams(self.config.augment_top_k, self.config.augment_min_score)
+        params = SearchParams(max(cfg.query_only_k, cfg.augment_top_k), 0.0, window=cfg.window)
         with self._phase(p.trace, "augment"):
             try:
                 hits = yield from self._search(p, rnd, [Probe(p.query, "query")], params, count=False)
             except StoreError as exc:  # Phase 1 still probes the query: the store may answer that
                 p.trace.degrade("store_error", exc)
-                return p.query
+                return None
+        return rnd, hits[0]
+
+    def _heuristic(self, query: str, hits: list[Hit]) -> Adaptive:
+        """Skip when the query is a plain factual wh-question and its top hit scores high enough."""
+        threshold = self.config.adaptive_min_score
+        top = max((h.score for h in hits if h.neighbour_of is None), default=None)
+        opener = _FACTUAL.match(query.strip())
+        if opener is None:
+            return Adaptive("heuristic", False, "not a wh-question of fact (when, where, who, which, what...)", top)
+        advice = _NOT_PLAIN.search(query)
+        if advice is not None:
+            return Adaptive("heuristic", False, f"asks for more than a fact ({advice.group(0).lower()!r})", top)
+        if top is None:
+            return Adaptive("heuristic", False, "the query found nothing", top)
+        if top < threshold:
+            return Adaptive("heuristic", False, f"top hit scores {top:.3f} < {threshold:g}", top)
+        why = f"plain factual question ({opener.group(1).lower()!r}), top hit {top:.3f} >= {threshold:g}"
+        return Adaptive("heuristic", True, why, top)
+
+    def _llm_decision(self, p: Prospection, reused: Reusable | None) -> Adaptive:
+        top = p.context_top
+        if reused is not None:
+            return Adaptive("llm", False, "a near-identical query's Phase 1 was reused (no augmentation call)", top)
+        if not p.ask_answered:
+            return Adaptive("llm", False, "no augmentation call to ask (LLM-free prospector or augment=False)", top)
+        if p.answered is None:
+            return Adaptive("llm", False, "the augmentation call gave no verdict", top)
+        if not p.answered:
+            return Adaptive("llm", False, "the LLM found the records do not answer the question", top)
+        return Adaptive("llm", True, "the LLM found the records already answer the question", top)
+
+    def _keep_query_hits(self, p: Prospection, rnd: Round, hits: list[Hit]) -> None:
+        """Adaptive skip: R is the query's top K, exactly what :meth:`query_only` returns."""
+        self._merge(p, rnd, rnd.probes[0], _cut(hits, self.config.query_only_k, 0.0))
+        p.trace.stop_reason = "adaptive_skip"
+
+    # ------------------------------------------------------------------ Phase-1 reuse
+
+    def _reusable(self, p: Prospection) -> Reusable | None:
+        """An earlier Phase-1 prospection of this scope and date for a near-identical query, if any."""
+        cache = self.phase1_cache
+        if cache is None or self.embedder is None:
+            return None
+        try:
+            with self._embeds(p.trace, "augment"):
+                p.query_vector = self.embedder.embed([p.query])[0]
+        except Exception as exc:  # no reuse then; the call goes on as usual
+            p.trace.errors.append(f"phase1_reuse: {type(exc).__name__}: {exc}")
+            return None
+        return cache.lookup(p.scope, p.date_text(), p.query_vector)
+
+    def _remember(self, p: Prospection, cache: ProspectionCache, version: int) -> None:
+        """Keep this call's Phase 1 when it is whole: q_A and steps from the prospector, nothing cut."""
+        initial = next((r for r in p.trace.rounds if r.phase == "initial"), None)
+        if initial is None or not initial.steps or p.trace.degraded or p.trace.budget_hit:
+            return
+        assert p.query_vector is not None
+        cache.put(p.scope, p.date_text(), p.query, p.query_vector, p.intent, initial.steps, version=version)
+
+    # ------------------------------------------------------------------ the paper's phases
+
+    def _augment(self, p: Prospection, context: list[Hit] | None = None) -> Flow:
+        """Step 0: the query under the strict floor τo, then the LLM's restatement q_A.
+
+        ``context``: the query's hits already fetched (adaptive mode's lookup), cut here to (Ko, τo)."""
+        cfg = self.config
+        with self._phase(p.trace, "augment"):
+            if context is None:
+                rnd = self._new_round(p, "augment")
+                params = SearchParams(cfg.augment_top_k, cfg.augment_min_score)
+                try:
+                    hits = (yield from self._search(p, rnd, [Probe(p.query, "query")], params, count=False))[0]
+                except StoreError as exc:  # Phase 1 still probes the query: the store may answer that
+                    p.trace.degrade("store_error", exc)
+                    return p.query
+            else:
+                hits = [h for h in _cut(context, cfg.augment_top_k, cfg.augment_min_score) if h.neighbour_of is None]
+            p.context_top = max((h.score for h in hits), default=None)
             try:
-                intent = yield from self.prospector.augment(p, hits[0])
+                intent = yield from self.prospector.augment(p, hits)
             except LLMError as exc:
                 p.trace.degrade("llm_error", exc)
                 return p.query
@@ -360,13 +560,15 @@ class PGR:
                 return p.query
         return " ".join(str(intent).split())[:_MAX_INTENT_CHARS] or p.query
 
-    def _initial_prospection(self, p: Prospection) -> Flow:
-        """Phase 1: steps from q_A; R = φ(q) ∪ ⋃ φ(step)."""
+    def _initial_prospection(self, p: Prospection, reused: Reusable | None = None) -> Flow:
+        """Phase 1: steps from q_A (or reused from a near-identical query); R = φ(q) ∪ ⋃ φ(step)."""
         rnd = self._new_round(p, "initial")
         with self._phase(p.trace, "initial"):
             t0 = time.perf_counter()
             steps: list[Step] = []
-            if not p.trace.degraded and not p.trace.budget_hit:  # once the LLM failed or a cap was hit, stop asking
+            if reused is not None:
+                steps = _renumbered(reused.steps, p.round)
+            elif not p.trace.degraded and not p.trace.budget_hit:  # once the LLM failed or a cap was hit, stop asking
                 try:
                     steps = yield from self.prospector.initial(p)
                 except LLMError as exc:
@@ -413,7 +615,8 @@ class PGR:
 
     def _summary(self, p: Prospection) -> Flow:
         with self._phase(p.trace, "summary"):
-            if p.trace.degraded or p.trace.budget_hit or self.llm is None:
+            skipped = p.trace.stop_reason == "adaptive_skip"
+            if p.trace.degraded or p.trace.budget_hit or self.llm is None or skipped:
                 return plain_summary(p)
             try:
                 summary = yield from self.prospector.summarize(p)
@@ -491,9 +694,10 @@ class PGR:
         earlier = [pr.text for r in p.trace.rounds for pr in r.probes]
         if p.intent != p.query:
             earlier.append(p.intent)
-        kept, dropped = clean_steps(
-            steps, query=p.query, earlier=earlier, rules=self.config.hygiene, embedder=self.embedder
-        )
+        with self._embeds(p.trace, rnd.phase):  # one embedding call for the whole round
+            kept, dropped = clean_steps(
+                steps, query=p.query, earlier=earlier, rules=self.config.hygiene, embedder=self.embedder
+            )
         rnd.dropped.extend(dropped)
         rnd.steps.extend(steps)
         p.steps.extend(steps)
@@ -516,7 +720,8 @@ class PGR:
         rnd.probes.extend(probes)
         rnd.store_calls += 1
         try:
-            hit_lists: list[list[Hit]] = yield Search([pr.text for pr in probes], params, p.scope)
+            with self._embeds(p.trace, rnd.phase):  # the store's own embedding of the probes
+                hit_lists: list[list[Hit]] = yield Search([pr.text for pr in probes], params, p.scope)
         finally:  # a failed call is billed too
             seconds = time.perf_counter() - t0
             rnd.search_seconds += seconds
@@ -570,6 +775,21 @@ class PGR:
         return facts[: self.config.max_facts] if self.config.max_facts else facts
 
     @contextmanager
+    def _embeds(self, trace: Trace, phase: str) -> Iterator[None]:
+        """Bill to ``phase`` the embeddings made meanwhile (hygiene's, the store's, the reuse lookup's)."""
+        count = current_count()
+        before = count.snapshot() if count is not None else (0, 0, 0)
+        try:
+            yield
+        finally:
+            if count is not None:
+                calls, texts, hits = (now - then for now, then in zip(count.snapshot(), before, strict=True))
+                if calls or texts or hits:
+                    spent = Usage(embed_calls=calls, embed_texts=texts, embed_cache_hits=hits)
+                    trace.usage.add(spent)
+                    trace.usage_by_phase.setdefault(phase, Usage()).add(spent)
+
+    @contextmanager
     def _phase(self, trace: Trace, phase: str) -> Iterator[None]:
         t0 = time.perf_counter()
         try:
@@ -580,48 +800,51 @@ class PGR:
     # ================================================================== drivers
 
     def _drive(self, flow: Flow, meter: _Meter | None = None) -> Any:
-        """Run a flow with blocking calls."""
+        """Run a flow with blocking calls (its embeddings counted, and cached or not, as configured)."""
         meter = meter or _Meter(Budget())
         to_send: Any = None
         to_throw: BaseException | None = None
-        while True:
-            try:
-                effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
-            except StopIteration as stop:
-                return stop.value
-            to_send, to_throw = None, None
-            try:
-                if isinstance(effect, Search):
-                    to_send = self.store._checked_search(effect.probes, effect.scope, effect.params)
-                else:
-                    meter.admit(effect)
-                    with self._billing(effect) as box:
-                        box.append(self._ask(effect, meter.time_left()))
-                    to_send = box[0]
-            except (LLMError, StoreError, _BudgetStop) as exc:
-                to_throw = meter.explain(exc, effect)
+        with counting_embeddings(use_cache=self.config.embedding_cache):
+            while True:
+                try:
+                    effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
+                except StopIteration as stop:
+                    return stop.value
+                to_send, to_throw = None, None
+                try:
+                    if isinstance(effect, Search):
+                        to_send = self.store._checked_search(effect.probes, effect.scope, effect.params)
+                    else:
+                        meter.admit(effect)
+                        with self._billing(effect) as box:
+                            box.append(self._ask(effect, meter.time_left()))
+                        to_send = box[0]
+                except (LLMError, StoreError, _BudgetStop) as exc:
+                    to_throw = meter.explain(exc, effect)
 
     async def _adrive(self, flow: Flow, meter: _Meter | None = None) -> Any:
-        """Run a flow with awaitable calls."""
+        """Run a flow with awaitable calls. The embedding count lives in this task's context, and worker
+        threads of ``asyncio.to_thread`` inherit it, so concurrent calls never mix their counts."""
         meter = meter or _Meter(Budget())
         to_send: Any = None
         to_throw: BaseException | None = None
-        while True:
-            try:
-                effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
-            except StopIteration as stop:
-                return stop.value
-            to_send, to_throw = None, None
-            try:
-                if isinstance(effect, Search):
-                    to_send = await self.store._achecked_search(effect.probes, effect.scope, effect.params)
-                else:
-                    meter.admit(effect)
-                    with self._billing(effect) as box:
-                        box.append(await self._aask(effect, meter.time_left()))
-                    to_send = box[0]
-            except (LLMError, StoreError, _BudgetStop) as exc:
-                to_throw = meter.explain(exc, effect)
+        with counting_embeddings(use_cache=self.config.embedding_cache):
+            while True:
+                try:
+                    effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
+                except StopIteration as stop:
+                    return stop.value
+                to_send, to_throw = None, None
+                try:
+                    if isinstance(effect, Search):
+                        to_send = await self.store._achecked_search(effect.probes, effect.scope, effect.params)
+                    else:
+                        meter.admit(effect)
+                        with self._billing(effect) as box:
+                            box.append(await self._aask(effect, meter.time_left()))
+                        to_send = box[0]
+                except (LLMError, StoreError, _BudgetStop) as exc:
+                    to_throw = meter.explain(exc, effect)
 
     def _ask(self, effect: Ask, time_left: float | None) -> Completion:
         """One blocking LLM call, bounded by the time the deadline leaves (None: unbounded)."""

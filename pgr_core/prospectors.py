@@ -69,6 +69,10 @@ class Prospection:
     found: dict[str, FoundFact] = field(default_factory=dict)  # R, in discovery order
     steps: list[Step] = field(default_factory=list)
     round: int = 0
+    query_vector: Any = None  # the query's embedding, when Phase-1 reuse looked it up
+    ask_answered: bool = False  # adaptive "llm" mode: augmentation also says whether its records answer
+    answered: bool | None = None  # ...and what it said (None: not asked, or no verdict)
+    context_top: float | None = None  # the best score among the records augmentation saw
 
     def date_text(self) -> str:
         return self.date.date().isoformat() if self.date else "unknown"
@@ -178,6 +182,19 @@ INTENT_SCHEMA: dict[str, Any] = {
     "properties": {"intent": {"type": "string"}},
     "required": ["intent"],
 }
+INTENT_ANSWERED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"intent": {"type": "string"}, "answered": {"type": "boolean"}},
+    "required": ["intent", "answered"],
+}
+_INTENT_REPLY = '{"intent": "<your restatement>"}'
+_ANSWERED_REPLY = '{"intent": "<your restatement>", "answered": <true or false>}'
+_ANSWERED_ASK = """
+
+Then judge the records: set "answered" to true only when the request is a plain question of fact (who,
+what, when, where, which, how many) and the records above already hold its whole answer. Set it to
+false when any part of the answer is missing from them, or when the request asks for advice, a plan,
+a decision or a guess."""
 SUMMARY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"summary": {"type": "string"}},
@@ -214,6 +231,15 @@ def ask_json(
     except LLMOutputError:
         p.trace.unusable_outputs += 1
         raise
+
+
+def _verdict(value: Any) -> bool | None:
+    """A yes/no from a model's reply: a JSON boolean, or the words true/false (anything else: no verdict)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "false", "no"):
+        return value.strip().lower() in ("true", "yes")
+    return None
 
 
 def _item_text(item: Any) -> tuple[str, str | None]:
@@ -264,9 +290,21 @@ class LLMProspector(Prospector):
         return (TOT_SCHEMA, _TOT_CHECK) if self.strategy == "tot" else (COT_SCHEMA, _COT_CHECK)
 
     def augment(self, p: Prospection, context: list[Hit]) -> Flow:
+        """q_A; with ``p.ask_answered`` (adaptive "llm" mode) the same call also sets ``p.answered``."""
         found = [FoundFact(h.fact, h.score, h.score, 0, p.query) for h in context]
-        text = render("augment", date=p.date_text(), query=p.query, memories=p.memory_lines(found, 5))
-        reply = yield from ask_json(p, "augment", text, INTENT_SCHEMA, INTENT_SCHEMA, 160)
+        ask = p.ask_answered
+        text = render(
+            "augment",
+            date=p.date_text(),
+            query=p.query,
+            memories=p.memory_lines(found, 5),
+            decide=_ANSWERED_ASK if ask else "",
+            reply=_ANSWERED_REPLY if ask else _INTENT_REPLY,
+        )
+        schema = INTENT_ANSWERED_SCHEMA if ask else INTENT_SCHEMA
+        reply = yield from ask_json(p, "augment", text, schema, INTENT_SCHEMA, 160 if not ask else 180)
+        if ask:
+            p.answered = _verdict(reply.get("answered"))
         intent = " ".join(str(reply.get("intent", "")).split())
         return intent or p.query
 
