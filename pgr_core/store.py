@@ -15,7 +15,7 @@ from .types import Capabilities, Fact, Hit, Scope, SearchParams
 __all__ = ["ChangeListener", "Store", "validate_probes"]
 
 #: Called after a write or deletion with the owners (scopes) of the facts that changed.
-ChangeListener = Callable[[frozenset[Scope]], None]
+ChangeListener = Callable[[frozenset[Scope]], object]
 _LISTENERS_LOCK = threading.Lock()  # guards the first creation of a store's listener list
 
 
@@ -167,7 +167,7 @@ class Store(ABC):
         return checked
 
 
-def _resolve(ref: Any) -> Callable[[frozenset[Scope]], None] | None:
+def _resolve(ref: Any) -> ChangeListener | None:
     return ref() if isinstance(ref, weakref.WeakMethod) else ref  # type: ignore[no-any-return]
 
 
