@@ -75,3 +75,10 @@ def llm(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", "pgr_core", "adapters", "tests", "benchmarks")
+
+
+@nox.session
+def gmpo(session: nox.Session) -> None:
+    """GMPO's GRPO loop end to end on a tiny random Qwen2 on CPU (not a default session: `nox -s gmpo`)."""
+    _install(session, "dev,train")
+    session.run("pytest", "tests/test_write_gmpo.py", "-v", "-s", *session.posargs)
