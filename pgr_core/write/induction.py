@@ -22,8 +22,8 @@ import json
 import random
 import re
 import string
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -487,7 +487,3 @@ def _save(folder: Path | None, guideline: Guideline, history: list[dict[str, Any
         (folder / "best.md").write_text(guideline.text, encoding="utf-8")
         payload = {"best_version": guideline.version, "best_id": guideline.id, "steps": history}
         (folder / "history.json").write_text(json.dumps(payload, indent=1, ensure_ascii=False), encoding="utf-8")
-
-
-def trajectories_to_dicts(trajectories: Sequence[Trajectory]) -> list[Mapping[str, Any]]:
-    return [asdict(t) for t in trajectories]

@@ -74,10 +74,6 @@ class IngestReport:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def absorb(self, other: IngestReport) -> None:
-        for name, value in other.__dict__.items():
-            setattr(self, name, getattr(self, name) + value)
-
 
 def raw_facts(session: Session, scope: Scope, *, window: int = 1, speakers: Sequence[str] | None = None) -> list[Fact]:
     """The LLM-free memory of a session: one dated fact per turn (or per ``window`` consecutive turns).

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -199,8 +198,3 @@ def gmpo_reward(adherence: float, answer: float, *, alpha: float = 0.5) -> float
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
     return alpha * float(adherence) + (1.0 - alpha) * float(answer)
-
-
-def dumps_extraction(facts: Sequence[dict[str, Any]]) -> str:
-    """An extraction output in the shape the prompt asks for (for building reference completions)."""
-    return json.dumps({"facts": list(facts)}, ensure_ascii=False)
