@@ -234,7 +234,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Compare retrieval methods on a data set; write JSON, Markdown and a PNG chart."""
-    from .evaluation import CachedLLM, load_set, run_eval, summarise, write_report
+    from .evaluation import CachedLLM, load_set, markdown, run_eval, summarise, write_report
     from .evaluation.methods import parse_method
     from .memory import InMemoryStore
 
@@ -253,6 +253,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _say("pgr: error: no questions with gold evidence or references in that selection")
         return 2
     _say(f"{data.name}: {len(data.questions)} questions over {len(data.facts)} facts")
+    json_path: Path = args.json
+    records = json_path.with_suffix(".records.jsonl")
+    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
+    if args.report_only:
+        from .evaluation.runner import read_records
+
+        rows = read_records(records, data, overrides)
+        if not rows:
+            _say(f"pgr: error: no records for these settings at {records}: run without --report-only first")
+            return 2
+        report = summarise(data, rows, methods)
+        paths = write_report(report, json_path)
+        print(markdown(report))
+        _say(", ".join(f"{kind}: {path}" for kind, path in paths.items() if path is not None))
+        return 0
     started = time.perf_counter()
     store = InMemoryStore(embedder=_embedder(args.embedder))
     store.add_facts(data.facts)
@@ -261,9 +276,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if llm is not None and not args.no_cache:
         llm = CachedLLM(llm, args.cache)
     judge = llm if args.judge else None
-    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
-    json_path: Path = args.json
-    records = json_path.with_suffix(".records.jsonl")
     rows = run_eval(data, methods, store, llm=llm, judge=judge, records=records, overrides=overrides, log=_say)
     report = summarise(data, rows, methods)
     if args.win_rate:
@@ -286,8 +298,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         report["llm_cache"] = {"root": str(llm.root), "hits": llm.stats.hits, "misses": llm.stats.misses}
     report["command"] = "pgr " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("pgr") else None
     paths = write_report(report, json_path)
-    from .evaluation.output import markdown
-
     print(markdown(report))
     for kind, path in paths.items():
         if path is None:
@@ -372,6 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--cache", type=Path, default=Path(".pgr-cache/llm"), help="LLM reply cache folder")
     ev.add_argument("--no-cache", action="store_true", help="ask the LLM every time")
+    ev.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the report from the records file; run nothing, embed nothing",
+    )
     ev.add_argument("--judge", action="store_true", help="LLM-judged recall for questions with reference texts only")
     ev.add_argument(
         "--win-rate",

@@ -461,3 +461,17 @@ def test_a_reference_spread_over_several_facts_is_one_gold_item(tmp_path: Path) 
     assert q.gold == [["a", "b"], "c"] and q.missing == 0  # "gone" names no fact, but "c" does
     assert recall(["b"], q.gold) == 0.5  # one of the two references, however many facts hold it
     assert recall_exact(["b", "c"], q.gold) == 1.0
+
+
+def test_report_only_rewrites_the_report_from_records(tmp_path: Path) -> None:
+    from pgr_core.cli import main
+
+    data = _write_jsonl(tmp_path / "d.jsonl")
+    out = tmp_path / "report.json"
+    common = ["eval", "jsonl", "--data", str(data), "--json", str(out), "--embedder", "hashing", "--no-llm"]
+    assert main([*common, "--report-only", "--methods", "query-only"]) == 2  # nothing recorded yet
+    assert main([*common, "--methods", "query-only"]) == 0
+    first = json.loads(out.read_text())
+    out.unlink()
+    assert main([*common, "--report-only", "--methods", "query-only"]) == 0
+    assert json.loads(out.read_text())["methods"] == first["methods"]

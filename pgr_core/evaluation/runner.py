@@ -72,6 +72,30 @@ def _read_records(path: Path, header: Mapping[str, Any]) -> list[dict[str, Any]]
     return out
 
 
+def read_records(path: Path, data: EvalSet, overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The records a run with these settings wrote (empty when there are none, or other settings')."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        first = json.loads(lines[0]) if lines else {}
+    except json.JSONDecodeError:
+        return []
+    if first.get("header") != _header(data, overrides):
+        return []
+    out = []
+    for line in lines[1:]:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+def _header(data: EvalSet, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {"dataset": data.name, "questions": [q.id for q in data.questions], "overrides": dict(overrides or {})}
+
+
 def run_eval(
     data: EvalSet,
     methods: Sequence[str],
@@ -90,7 +114,7 @@ def run_eval(
     """
     for name in methods:
         parse_method(name)
-    header = {"dataset": data.name, "questions": [q.id for q in data.questions], "overrides": dict(overrides or {})}
+    header = _header(data, overrides)
     done = _read_records(records, header) if records else []
     have = {(r["method"], r["question"]) for r in done}
     fh = None
