@@ -95,8 +95,9 @@ class CachedEmbedder:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 0:
             raise InvalidArgumentError(f"max_entries must be an integer >= 0, got {max_entries!r}")
         self.inner = inner
-        self.name: str = inner.name
-        self.dim: int = inner.dim
+        # a store's embedder may be anything with embed(); name and dim are read when it has them
+        self.name: str = getattr(inner, "name", type(inner).__name__)
+        self.dim: int = getattr(inner, "dim", 0)
         self.max_entries = max_entries
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
@@ -140,7 +141,7 @@ class CachedEmbedder:
         missing = [t for t in dict.fromkeys(texts) if t not in known]
         if missing:
             rows = np.asarray(self.inner.embed(missing), dtype=np.float32)
-            if rows.shape != (len(missing), self.dim):
+            if rows.ndim != 2 or rows.shape[0] != len(missing) or (self.dim and rows.shape[1] != self.dim):
                 raise ValueError(f"{self.inner!r} returned shape {rows.shape} for {len(missing)} texts")
             fresh = dict(zip(missing, rows, strict=True))
             known.update(fresh)

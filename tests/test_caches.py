@@ -429,3 +429,17 @@ def test_dropping_a_pgr_drops_its_listener() -> None:
     gc.collect()
     store.add("after", scope=U1, date=datetime(2025, 3, 1))
     assert store.__dict__["_pgr_listeners"] == []
+
+
+def test_a_store_embedder_without_name_or_dim_still_serves_hygiene() -> None:
+    class Bare:
+        def embed(self, texts: Sequence[str]) -> np.ndarray:
+            return HashingEmbedder().embed(texts)
+
+    spy = SpyStore(make_store())
+    spy.embedder = Bare()  # type: ignore[assignment]
+    pgr = PGR(spy, strategy=ScriptedProspector([["knee physio", "knee physio!"]]), delta=100, min_score=0.1)
+    result = pgr.retrieve(QUERY, scope=U1)
+    assert [d.reason for d in result.trace.rounds[0].dropped] == ["duplicate"]  # compared by embedding
+    # hygiene's call went through a cache of pgr's own, the inner store's through the store's
+    assert result.trace.usage.embed_calls == 2 and not result.degraded
