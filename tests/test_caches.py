@@ -440,6 +440,6 @@ def test_a_store_embedder_without_name_or_dim_still_serves_hygiene() -> None:
     spy.embedder = Bare()  # type: ignore[assignment]
     pgr = PGR(spy, strategy=ScriptedProspector([["knee physio", "knee physio!"]]), delta=100, min_score=0.1)
     result = pgr.retrieve(QUERY, scope=U1)
-    assert [d.reason for d in result.trace.rounds[0].dropped] == ["duplicate"]  # compared by embedding
+    assert [d.reason for d in result.trace.rounds[0].dropped] == ["duplicate"]
     # hygiene's call went through a cache of pgr's own, the inner store's through the store's
     assert result.trace.usage.embed_calls == 2 and not result.degraded
