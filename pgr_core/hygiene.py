@@ -107,15 +107,25 @@ def clean_steps(
         except Exception:
             matrix = None
     if matrix is not None:
-        q_vec, earlier_vecs, cand_vecs = matrix[0], matrix[1 : 1 + len(earlier)], matrix[1 + len(earlier) :]
+        # every similarity this round needs, in three matrix products (no Python loop over pairs)
+        q_sims = matrix[1 + len(earlier) :] @ matrix[0]
+        e_sims = matrix[1 + len(earlier) :] @ matrix[1 : 1 + len(earlier)].T
+        c_sims = matrix[1 + len(earlier) :] @ matrix[1 + len(earlier) :].T
 
         def to_query(i: int) -> float:
-            return float(cand_vecs[i] @ q_vec)
+            return float(q_sims[i])
 
         def to_others(i: int, kept: list[int]) -> tuple[float, str | None]:
-            pool = [(float(cand_vecs[i] @ earlier_vecs[j]), earlier[j]) for j in range(len(earlier))]
-            pool += [(float(cand_vecs[i] @ cand_vecs[j]), texts[j]) for j in kept]
-            return max(pool, default=(0.0, None), key=lambda p: p[0])
+            best, similar = 0.0, None
+            if len(earlier):
+                j = int(e_sims[i].argmax())
+                best, similar = float(e_sims[i, j]), earlier[j]
+            if kept:
+                row = c_sims[i, kept]
+                j = int(row.argmax())
+                if float(row[j]) > best or similar is None:
+                    best, similar = float(row[j]), texts[kept[j]]
+            return best, similar
 
     else:
 

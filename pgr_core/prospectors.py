@@ -73,6 +73,7 @@ class Prospection:
     ask_answered: bool = False  # adaptive "llm" mode: augmentation also says whether its records answer
     answered: bool | None = None  # ...and what it said (None: not asked, or no verdict)
     context_top: float | None = None  # the best score among the records augmentation saw
+    _quoted: dict[str, str] = field(default_factory=dict, repr=False)  # fact id -> its quoted text, this call
 
     def date_text(self) -> str:
         return self.date.date().isoformat() if self.date else "unknown"
@@ -92,7 +93,10 @@ class Prospection:
                 if when and self.date
                 else (when.date().isoformat() if when else "undated")
             )
-            lines.append(f'<record id="m{i}" noted="{age}">{quoted(fact.text, 1000)}</record>')
+            text = self._quoted.get(fact.id)
+            if text is None:  # the same facts come back in every round's prompt: quote each once per call
+                text = self._quoted[fact.id] = quoted(fact.text, 1000)
+            lines.append(f'<record id="m{i}" noted="{age}">{text}</record>')
         return "\n".join(lines) if lines else "(none)"
 
 
