@@ -52,37 +52,18 @@ class Progress:
         )
 
 
-def _read_records(path: Path, header: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _records_under(path: Path, header: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The records in ``path`` when its first line is ``header``; None when absent or written under
+    other settings. A line cut by an interrupted write ends the list (the run redoes from there)."""
     if not path.exists():
-        return []
+        return None
     lines = path.read_text(encoding="utf-8").splitlines()
     try:
         first = json.loads(lines[0]) if lines else None
     except json.JSONDecodeError:
         first = None
     if not first or first.get("header") != header:
-        path.rename(path.with_suffix(path.suffix + ".old"))
-        return []
-    out = []
-    for line in lines[1:]:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line cut by an interrupted write: redo from there
-    return out
-
-
-def read_records(path: Path, data: EvalSet, overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The records a run with these settings wrote (empty when there are none, or other settings')."""
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    try:
-        first = json.loads(lines[0]) if lines else {}
-    except json.JSONDecodeError:
-        return []
-    if first.get("header") != _header(data, overrides):
-        return []
+        return None
     out = []
     for line in lines[1:]:
         try:
@@ -90,6 +71,11 @@ def read_records(path: Path, data: EvalSet, overrides: Mapping[str, Any] | None 
         except json.JSONDecodeError:
             break
     return out
+
+
+def read_records(path: Path, data: EvalSet, overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The records a run with these settings wrote (empty when there are none, or other settings')."""
+    return _records_under(path, _header(data, overrides)) or []
 
 
 def _header(data: EvalSet, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -115,7 +101,10 @@ def run_eval(
     for name in methods:
         parse_method(name)
     header = _header(data, overrides)
-    done = _read_records(records, header) if records else []
+    found = _records_under(records, header) if records else None
+    if records is not None and found is None and records.exists():
+        records.rename(records.with_suffix(records.suffix + ".old"))  # other settings: set aside, never mixed
+    done = found or []
     have = {(r["method"], r["question"]) for r in done}
     fh = None
     if records:
