@@ -1,12 +1,21 @@
 """One self-contained HTML page showing what prospection did for a set of queries.
 
+>>> from pgr_core import PGR, HashingEmbedder, InMemoryStore, Scope
 >>> from pgr_core.report import write_trace_page
->>> write_trace_page("trace.html", [{                      # doctest: +SKIP
+>>> store, s = InMemoryStore(embedder=HashingEmbedder()), Scope(user_id="u1")
+>>> store.add("I twisted my knee playing football in March", scope=s, date="2025-03-10", id="f12")
+'f12'
+>>> _ = store.add("Rent went up by a hundred pounds a month", scope=s, date="2025-04-02")
+>>> pgr = PGR(store)  # no LLM: the facet prospector
+>>> q = "Should I join a soccer league this summer?"
+>>> page = write_trace_page("trace.html", [{
 ...     "query": q, "date": "2025-05-01",
-...     "query_only": pgr.retrieve(q, scope=s, query_only=True).to_dict(),
-...     "pgr": pgr.retrieve(q, scope=s).to_dict(),
+...     "query_only": pgr.query_only(q, scope=s, date="2025-05-01").to_dict(),
+...     "pgr": pgr.retrieve(q, scope=s, date="2025-05-01").to_dict(),
 ...     "relevant": ["f12"], "why": {"f12": "the knee injury rules out contact sport"},
 ... }])
+>>> page.name, q in page.read_text(encoding="utf-8")
+('trace.html', True)
 
 For each query the page shows the trace header (prospector, stop reason, usage), the prospection
 tree, a table of rounds, which facts each probe found, query-only and PGR facts side by side, and

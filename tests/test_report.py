@@ -469,3 +469,19 @@ def test_write_trace_page(tmp_path) -> None:
     data = path.read_bytes().decode("utf-8")
     assert data == trace_page([item()], title="my ✓ page")
     assert "<title>my ✓ page</title>" in data
+
+
+def test_the_module_docstring_example_runs(tmp_path, monkeypatch) -> None:
+    """The example at the top of pgr_core.report, run as a doctest: it writes trace.html in the cwd."""
+    import doctest
+
+    import pgr_core.report
+
+    monkeypatch.chdir(tmp_path)
+    outcome = doctest.testmod(pgr_core.report)
+    assert outcome.attempted >= 8 and outcome.failed == 0
+    dom = parse((tmp_path / "trace.html").read_text(encoding="utf-8"))
+    text = dom.text()
+    assert "Should I join a soccer league this summer?" in text
+    assert "I twisted my knee playing football in March" in text
+    assert "the knee injury rules out contact sport" in text
