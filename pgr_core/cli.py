@@ -44,7 +44,7 @@ def _llm(args: argparse.Namespace) -> LLM | None:
         from .llm import OpenAICompatible
 
         return OpenAICompatible(base_url=args.base_url, model=args.model, timeout=args.llm_timeout)
-    return llm_from_env()
+    return llm_from_env(timeout=args.llm_timeout)  # --llm-timeout holds when the URL comes from the environment
 
 
 def _pgr(store: Any, llm: LLM | None, args: argparse.Namespace) -> Any:
@@ -318,7 +318,7 @@ def cmd_memoryquest(args: argparse.Namespace) -> int:
 
         llm: LLM | None = OpenAICompatible(base_url=args.base_url, model=args.model, timeout=args.llm_timeout)
     else:
-        llm = llm_from_env()
+        llm = llm_from_env(timeout=args.llm_timeout)
     if llm is None:
         raise ConfigurationError(
             "memoryquest build needs an LLM: pass --base-url and --model, or set PGR_LLM_BASE_URL and PGR_LLM_MODEL"

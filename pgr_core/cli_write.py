@@ -33,7 +33,7 @@ def _llm(args: argparse.Namespace, *, required: str | None = None) -> LLM | None
 
         llm = OpenAICompatible(base_url=args.base_url, model=args.model, timeout=args.llm_timeout)
     else:
-        llm = llm_from_env()
+        llm = llm_from_env(timeout=args.llm_timeout)
     if llm is None and required:
         raise ConfigurationError(
             f"{required} needs an LLM: pass --base-url and --model, or set PGR_LLM_BASE_URL and PGR_LLM_MODEL"

@@ -429,16 +429,18 @@ class OpenAICompatible(LLM):
             await asyncio.sleep(delay)
 
 
-def llm_from_env() -> LLM | None:
+def llm_from_env(timeout: float | None = None) -> LLM | None:
     """The LLM the environment configures, or ``None`` when nothing is set.
 
     Reads ``PGR_LLM_BASE_URL``, ``PGR_LLM_MODEL``, ``PGR_LLM_API_KEY`` (or OpenAI's ``OPENAI_BASE_URL``,
-    ``OPENAI_API_KEY``). ``PGR_LLM=none`` forces no LLM.
+    ``OPENAI_API_KEY``). ``PGR_LLM=none`` forces no LLM. ``timeout`` (seconds per request) wins over
+    ``PGR_LLM_TIMEOUT`` (default 60), so a command-line ``--llm-timeout`` holds whatever set the URL.
     """
     if os.environ.get("PGR_LLM", "").lower() == "none":
         return None
     names = ("PGR_LLM_BASE_URL", "PGR_LLM_MODEL", "PGR_LLM_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY")
     if not any(os.environ.get(n) for n in names):
         return None
-    timeout = float(os.environ.get("PGR_LLM_TIMEOUT", "60"))
+    if timeout is None:
+        timeout = float(os.environ.get("PGR_LLM_TIMEOUT", "60"))
     return OpenAICompatible(timeout=timeout)

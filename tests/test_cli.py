@@ -101,3 +101,56 @@ def test_plugins_lists_the_builtin_store(capsys: pytest.CaptureFixture[str]) -> 
     for line in out.splitlines():
         if line.strip().startswith(("qdrant", "mem0", "llamaindex")):
             assert " usable" in line or ("NOT usable" in line and "pip install 'pgr[" in line)
+
+
+# every command with --llm-timeout, and the function that builds its LLM from the parsed arguments
+_TIMEOUT_COMMANDS = {
+    "demo": ["demo"],
+    "retrieve": ["retrieve", "q", "--store", "s.pgr"],
+    "eval": ["eval", "jsonl", "--data", "d.jsonl"],
+    "memoryquest": ["memoryquest", "build", "--personas", "p.jsonl", "--out", "o.jsonl", "--work", "w"],
+    "ingest": ["ingest", "jsonl", "--data", "d.jsonl", "--out", "o.pgr"],
+    "consolidate": ["consolidate", "--store", "s.pgr"],
+    "guideline": ["guideline", "show"],
+}
+
+
+def _llm_of(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> object:
+    """The LLM the command named by ``argv`` would use (memoryquest: caught on its way to the builder)."""
+    from pgr_core import cli, cli_write
+
+    args = cli.build_parser().parse_args(argv)
+    if argv[0] in ("demo", "retrieve", "eval"):
+        return cli._llm(args)
+    if argv[0] != "memoryquest":
+        return cli_write._llm(args)
+    seen: dict[str, object] = {}
+
+    class Stop(Exception):
+        pass
+
+    def build(*a: object, llm: object, **k: object) -> None:
+        seen["llm"] = llm
+        raise Stop
+
+    monkeypatch.setattr("pgr_core.evaluation.memoryquest.build_memoryquest", build)
+    with pytest.raises(Stop):
+        cli.cmd_memoryquest(args)
+    return seen["llm"]
+
+
+def test_llm_timeout_holds_when_the_url_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from pgr_core.cli import build_parser
+    from pgr_core.llm import OpenAICompatible
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    having = {name for name, p in sub.choices.items() if any("--llm-timeout" in a.option_strings for a in p._actions)}
+    assert having == set(_TIMEOUT_COMMANDS)  # a new command with the flag must be added here
+    monkeypatch.setenv("PGR_LLM_BASE_URL", "http://127.0.0.1:9/v1")  # never contacted
+    monkeypatch.setenv("PGR_LLM_TIMEOUT", "60")
+    for name, argv in _TIMEOUT_COMMANDS.items():
+        llm = _llm_of([*argv, "--llm-timeout", "7"], monkeypatch)
+        assert isinstance(llm, OpenAICompatible) and llm.timeout == 7.0, name
+        assert _llm_of(argv, monkeypatch).timeout == 60.0, name  # type: ignore[attr-defined]  # the variable's
