@@ -389,6 +389,24 @@ def test_scripted_failures_never_reach_the_runner(tmp_path: Path) -> None:
     assert len(tot) == 2 and all(r["degraded"] and r["ids"] for r in tot)  # the query's hits survive
 
 
+def test_a_degraded_question_says_why_on_stderr_and_in_its_record() -> None:
+    from pgr_core.testing.faults import FaultyLLM
+
+    store, data = _small_set()
+    llm = FaultyLLM(ScriptedLLM(handler=lambda m, s: {}), "server_error")
+    said: list[str] = []
+    rows = run_eval(data, ["query-only", "pgr-cot"], store, llm=llm, log=said.append)
+    cot = {r["question"]: r for r in rows if r["method"] == "pgr-cot"}
+    assert set(cot) == {"knee", "car"} and all(r["degraded"] for r in cot.values())
+    assert all("LLMStatusError" in r["error"] and "500" in r["error"] for r in cot.values())
+    assert all(r["error"] is None for r in rows if r["method"] == "query-only")  # fine: no reason
+    lines = [line for line in said if line.startswith("degraded:")]
+    assert len(lines) == 2 and all("\n" not in line for line in lines)
+    for qid in ("knee", "car"):
+        (line,) = [line for line in lines if f"[{qid}]" in line]
+        assert line == f"degraded: pgr-cot [{qid}]: {cot[qid]['error']}"
+
+
 def test_compare_answers_judges_both_orders_and_resumes() -> None:
     from pgr_core.evaluation.answers import compare_answers
 

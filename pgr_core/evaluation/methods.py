@@ -33,6 +33,7 @@ from ..llm import LLM, Completion, Message
 from ..policy import PGR
 from ..prospectors import FacetProspector
 from ..store import Store
+from ..trace import RetrievalResult
 from ..types import Hit, Scope, SearchParams
 from .data import EvalQuestion
 
@@ -51,7 +52,16 @@ class MethodOutput:
     seconds: float = 0.0
     store_calls: int = 0
     degraded: bool = False
+    error: str | None = None  # why the result is degraded (None when it is not)
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _reason(result: RetrievalResult) -> str | None:
+    """What went wrong in a PGR result: its trace's errors, else its stop reason when degraded."""
+    errors = "; ".join(result.trace.errors)
+    if errors:
+        return errors
+    return f"degraded (stop: {result.trace.stop_reason})" if result.degraded else None
 
 
 class Meter(LLM):
@@ -132,7 +142,9 @@ class QueryOnly(Method):
 
     def _run(self, q: EvalQuestion, meter: Meter | None) -> MethodOutput:
         result = self.pgr.query_only(q.question, scope=q.scope, date=q.date, top_k=self.top_k)
-        return MethodOutput(result.ids, store_calls=result.trace.store_calls, degraded=result.degraded)
+        return MethodOutput(
+            result.ids, store_calls=result.trace.store_calls, degraded=result.degraded, error=_reason(result)
+        )
 
 
 class PGRMethod(Method):
@@ -163,6 +175,7 @@ class PGRMethod(Method):
             result.ids,
             store_calls=t.store_calls,
             degraded=result.degraded,
+            error=_reason(result),
             extra={"rounds": len(t.rounds), "stop": t.stop_reason, "probes": sum(len(r.probes) for r in t.rounds)},
         )
 
@@ -206,13 +219,12 @@ class HyDE(Method):
         self.out_k = out_k
 
     def _run(self, q: EvalQuestion, meter: Meter | None) -> MethodOutput:
+        failure: str | None = None
         try:
             bundle = self.transform.run(q.question)
             texts = [t for t in bundle.embedding_strs if t and t.strip()]
         except Exception as exc:  # the LLM failed: HyDE falls back to the question alone
             texts, failure = [q.question], f"{type(exc).__name__}: {exc}"
-        else:
-            failure = None
         if q.question not in texts:
             texts.append(q.question)
         params = SearchParams(top_k=self.depth, min_score=0.0, window=self.window)
@@ -231,6 +243,7 @@ class HyDE(Method):
             ids,
             store_calls=1,
             degraded=failure is not None,
+            error=failure,
             extra={"hypothetical": texts[0][:300], **({"error": failure} if failure else {})},
         )
 
@@ -281,6 +294,7 @@ class QueryFusion(Method):
             ids,
             store_calls=counter["calls"] or 1,
             degraded=failure is not None,
+            error=failure,
             extra={"error": failure} if failure else {},
         )
 

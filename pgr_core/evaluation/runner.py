@@ -152,16 +152,26 @@ def run_eval(
             for q in todo:
                 result = method.run(q)
                 record = {"method": name, "question": q.id, **asdict(result)}
+                if result.degraded or result.error:
+                    log(f"degraded: {name} [{q.id}]: {_one_line(result.error or 'no reason given')}")
                 if judge is not None and q.references and not q.gold and not q.missing:
                     texts = [f.text for f in _facts(store, result.ids[:20])]
                     verdict = judged_recall(judge, q.question, q.references, texts)
                     record["judged"] = {"found": verdict.found, "error": verdict.error, "calls": verdict.calls}
+                    if verdict.error:
+                        log(f"judge failed: {name} [{q.id}]: {_one_line(verdict.error)}")
                 emit(record)
                 progress.step(f"[{q.id}]")
     finally:
         if fh is not None:
             fh.close()
     return out
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    """``text`` on one line, cut at ``limit`` characters (a server's error page can be long)."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def _facts(store: Store, ids: Sequence[str]) -> list[Any]:
