@@ -285,6 +285,41 @@ def test_summarise_computes_each_metric_from_hand_made_records() -> None:
     assert "| m | 2 | 0.750 | 0.750 | 1.000 | 1.000 | 28.5 |" in table
 
 
+def test_the_main_table_compares_methods_on_the_same_questions() -> None:
+    _, data = _small_set()
+
+    def rec(method: str, qid: str, ids: list[str], **kw: object) -> dict[str, object]:
+        return {"method": method, "question": qid, "ids": ids, "llm_calls": 0, **kw}
+
+    records = [
+        rec("full", "knee", ["s1:0"]),
+        rec("full", "car", ["x"], degraded=True, error="LLMTimeoutError: no answer"),
+        rec("cut", "knee", ["y"]),  # interrupted: no record for "car"
+    ]
+    report = summarise(data, records, ["full", "cut", "never-ran"])
+    assert report["questions"] == 2 and report["compared_questions"] == 1
+    assert report["without_records"] == ["never-ran"]
+    main = report["methods"]
+    assert main["full"]["questions"] == main["cut"]["questions"] == 1  # both on "knee" only
+    assert (main["full"]["recall_at"]["20"], main["cut"]["recall_at"]["20"]) == (1.0, 0.0)
+    assert main["full"]["degraded_questions"] == 0  # the degraded question is not a compared one
+    own = report["own_questions"]
+    assert set(own) == {"full"}  # "cut"'s own questions are the compared ones
+    assert own["full"]["questions"] == 2 and own["full"]["recall_at"]["20"] == 0.5
+    assert (own["full"]["degraded_questions"], own["full"]["degraded"]) == (1, 0.5)
+    table = markdown(report)
+    main_part, rest = table.split("Own questions, not comparable")
+    own_part, by_category = rest.split("recall@20 by category")
+    assert "same 1 of the 2 questions" in main_part and "| full | 1 |" in main_part and "| cut | 1 |" in main_part
+    assert "| full ⚠ 1 degraded | 2 |" in own_part and "| cut |" not in own_part
+    assert "never-ran" in main_part
+    assert "the same 1 questions" in by_category and "| cut | 0.000 |" in by_category
+    # every method on every question: one table, no "own questions" part
+    full = summarise(data, records, ["full"])
+    assert full["compared_questions"] == 2 and full["own_questions"] == {}
+    assert "| full ⚠ 1 degraded | 2 |" in markdown(full) and "not comparable" not in markdown(full)
+
+
 def test_run_eval_resumes_and_never_mixes_settings(tmp_path: Path) -> None:
     store, data = _small_set()
     records = tmp_path / "r.jsonl"

@@ -16,25 +16,58 @@ def _f(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def markdown(report: Mapping[str, Any]) -> str:
-    methods: Mapping[str, Mapping[str, Any]] = report["methods"]
-    lines = [f"{report['dataset']}: {report['questions']} questions"]
-    lines += [f"- {note}" for note in report.get("notes", [])]
-    lines.append("")
+def _name(name: str, m: Mapping[str, Any]) -> str:
+    """The row's name, marked with how many of its questions are degraded (when any are)."""
+    k = m.get("degraded_questions", 0)
+    return f"{name} ⚠ {k} degraded" if k else name
+
+
+def _table(methods: Mapping[str, Mapping[str, Any]]) -> list[str]:
     budgets = " | ".join(f"recall@{b}" for b in BUDGETS)
-    lines.append(
+    lines = [
         f"| method | n | {budgets} | recall (all) | facts | query-only at that size | RecallExact@20 "
-        "| recall@20, hard third | judged recall@20 | LLM calls | tokens | s/query | store calls | degraded |"
-    )
-    lines.append("|---" * (13 + len(BUDGETS)) + "|")
+        "| recall@20, hard third | judged recall@20 | LLM calls | tokens | s/query | store calls | degraded |",
+        "|---" * (13 + len(BUDGETS)) + "|",
+    ]
     for name, m in methods.items():
         at = " | ".join(_f(m["recall_at"].get(str(b))) for b in BUDGETS)
         lines.append(
-            f"| {name} | {m['questions']} | {at} | {_f(m['recall'])} | {_f(m['facts'], 1)} "
+            f"| {_name(name, m)} | {m['questions']} | {at} | {_f(m['recall'])} | {_f(m['facts'], 1)} "
             f"| {_f(m['query_only_same_size'])} | {_f(m['recall_exact_at'].get('20'))} "
             f"| {_f(m['recall_at_20_hard_third'])} | {_f(m['judged_recall'])} | {_f(m['llm_calls'], 2)} "
             f"| {_f(m['tokens'], 0)} | {_f(m['seconds'], 2)} | {_f(m['store_calls'], 2)} | {_f(m['degraded'], 2)} |"
         )
+    return lines
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    """The main table (every method on the same questions), then, when they differ, each method over
+    its own questions, the win rates and recall@20 by category."""
+    methods: Mapping[str, Mapping[str, Any]] = report["methods"]
+    own: Mapping[str, Mapping[str, Any] | None] = report.get("own_questions") or {}
+    lines = [f"{report['dataset']}: {report['questions']} questions"]
+    lines += [f"- {note}" for note in report.get("notes", [])]
+    compared = report.get("compared_questions", report["questions"])
+    if own or compared != report["questions"]:
+        lines.append(
+            f"- compared on the same {compared} of the {report['questions']} questions: those every method "
+            "below has a record for (n)"
+        )
+    if report.get("without_records"):
+        lines.append(f"- no records (not run, or skipped): {', '.join(report['without_records'])}")
+    lines.append("")
+    if methods:
+        lines += _table(methods)
+    else:
+        lines.append("(no question has a record of every method: see the table of own questions)")
+    if own:
+        lines += [
+            "",
+            "Own questions, not comparable: each method below over every question it has a record for "
+            "(other sets of questions than the table above, and than each other):",
+            "",
+        ]
+        lines += _table({name: m for name, m in own.items() if m is not None})
     from .answers import win_rates
 
     if report.get("win_rates"):
@@ -44,13 +77,13 @@ def markdown(report: Mapping[str, Any]) -> str:
     if cats and any(cats):
         lines += [
             "",
-            "recall@20 by category:",
+            f"recall@20 by category (the same {compared} questions):",
             "",
             "| method | " + " | ".join(c or "(none)" for c in cats) + " |",
             "|---" * (len(cats) + 1) + "|",
         ]
         for name, m in methods.items():
-            lines.append(f"| {name} | " + " | ".join(_f(m["by_category"].get(c)) for c in cats) + " |")
+            lines.append(f"| {_name(name, m)} | " + " | ".join(_f(m["by_category"].get(c)) for c in cats) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -79,7 +112,8 @@ def write_chart(report: Mapping[str, Any], path: Path) -> Path | None:
     ax.set_xticks(range(len(names)), labels, rotation=25, ha="right", fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("evidence recall")
-    ax.set_title(f"{report['dataset']}: {report['questions']} questions, at a fixed number of facts", fontsize=10)
+    compared = report.get("compared_questions", report["questions"])
+    ax.set_title(f"{report['dataset']}: the same {compared} questions, at a fixed number of facts", fontsize=10)
     ax.legend(fontsize=8)
     # everything a method returned, against the question's own list cut at the same size
     xs = list(range(len(names)))

@@ -201,79 +201,106 @@ def _mean(values: Sequence[float]) -> float | None:
 def summarise(data: EvalSet, records: Sequence[Mapping[str, Any]], methods: Sequence[str]) -> dict[str, Any]:
     """The report: per method, recall (all, at each budget, exact), cost and per-category recall@20.
 
+    ``methods`` (the main table) compares the methods on the same questions: those every listed
+    method with any record has a record for (``compared_questions`` of them). When a method has
+    records for other questions too (an interrupted or partial run), its figures over all its own
+    questions go in ``own_questions``: not comparable with the main table or with each other.
+    Methods with no record at all are named in ``without_records``.
+
     - ``recall``: over everything the method returned; ``recall_at[N]`` over its first N facts.
     - ``recall_exact`` / ``recall_exact_at``: share of questions with every gold item found.
     - ``query_only_same_size``: the question's own list cut at as many facts as the method returned.
-    - ``recall_at_20_hard_third``: the third of questions whose nearest gold fact is least like them.
+    - ``recall_at_20_hard_third``: the third of the questions summarised whose nearest gold fact is
+      least like them.
     - ``judged_recall``: LLM-judged recall@20 over questions that have only reference texts.
+    - ``degraded``: share of questions whose result is degraded; ``degraded_questions``: how many.
     """
-    questions = {q.id: q for q in data.questions}
+    order = [q.id for q in data.questions]
     by = {(r["method"], r["question"]): r for r in records}
-    closeness = {qid: by[("_deep", qid)].get("closeness") for qid in questions if ("_deep", qid) in by}
-    ranked = sorted((c, qid) for qid, c in closeness.items() if c is not None)
-    hard = {qid for _, qid in ranked[: max(len(ranked) // 3, 1)]}  # at least one, on tiny sets
+    own = {name: [qid for qid in order if (name, qid) in by] for name in methods}
+    listed = [name for name in methods if own[name]]
+    common = [qid for qid in order if all((name, qid) in by for name in listed)] if listed else []
     report: dict[str, Any] = {
         "dataset": data.name,
-        "questions": len(questions),
+        "questions": len(order),
         "notes": list(data.notes),
+        "compared_questions": len(common),
         "methods": {},
+        "own_questions": {},
+        "without_records": [name for name in methods if not own[name]],
     }
-    for name in methods:
-        rows: dict[str, list[float]] = defaultdict(list)
-        cats: dict[str, list[float]] = defaultdict(list)
-        n = 0
-        for qid, q in questions.items():
-            r = by.get((name, qid))
-            if r is None:
-                continue
-            n += 1
-            ids = r["ids"]
-            for key in ("llm_calls", "prompt_tokens", "completion_tokens", "seconds", "store_calls"):
-                rows[key].append(float(r.get(key, 0)))
-            rows["tokens"].append(float(r.get("prompt_tokens", 0) + r.get("completion_tokens", 0)))
-            rows["facts"].append(float(len(ids)))
-            rows["degraded"].append(1.0 if r.get("degraded") else 0.0)
-            if q.gold or q.missing:
-                kw = {"missing": q.missing}
-                rows["recall"].append(recall(ids, q.gold, **kw))
-                rows["recall_exact"].append(recall_exact(ids, q.gold, **kw))
-                for b in BUDGETS:
-                    rows[f"@{b}"].append(recall_at(ids, q.gold, b, **kw))
-                    rows[f"exact@{b}"].append(recall_exact(ids[:b], q.gold, **kw))
-                deep = by.get(("_deep", qid), {}).get("ids")
-                if deep is not None:
-                    rows["same"].append(recall(deep[: max(len(ids), 1)], q.gold, **kw))
-                cats[q.category].append(recall_at(ids, q.gold, 20, **kw))
-                if qid in hard:
-                    rows["hard"].append(recall_at(ids, q.gold, 20, **kw))
-            judged = r.get("judged")
-            if judged and judged.get("error") is None and judged.get("found"):
-                found = judged["found"]
-                rows["judged"].append(sum(1 for f in found if f) / len(found))
-                rows["judged_exact"].append(1.0 if all(found) else 0.0)
-            elif judged:
-                rows["judge_failed"].append(1.0)
-        if n == 0:
-            continue
-        report["methods"][name] = {
-            "questions": n,
-            "recall": _mean(rows["recall"]),
-            "recall_at": {str(b): _mean(rows[f"@{b}"]) for b in BUDGETS},
-            "recall_exact": _mean(rows["recall_exact"]),
-            "recall_exact_at": {str(b): _mean(rows[f"exact@{b}"]) for b in BUDGETS},
-            "query_only_same_size": _mean(rows["same"]),
-            "recall_at_20_hard_third": _mean(rows["hard"]),
-            "judged_recall": _mean(rows["judged"]),
-            "judged_recall_exact": _mean(rows["judged_exact"]),
-            "judge_failures": len(rows["judge_failed"]),
-            "facts": _mean(rows["facts"]),
-            "llm_calls": _mean(rows["llm_calls"]),
-            "prompt_tokens": _mean(rows["prompt_tokens"]),
-            "completion_tokens": _mean(rows["completion_tokens"]),
-            "tokens": _mean(rows["tokens"]),
-            "seconds": _mean(rows["seconds"]),
-            "store_calls": _mean(rows["store_calls"]),
-            "degraded": _mean(rows["degraded"]),
-            "by_category": {c: _mean(v) for c, v in sorted(cats.items())},
-        }
+    for name in listed:
+        stats = _stats(data, by, name, common)
+        if stats is not None:
+            report["methods"][name] = stats
+        if own[name] != common:
+            report["own_questions"][name] = _stats(data, by, name, own[name])
     return report
+
+
+def _stats(
+    data: EvalSet, by: Mapping[tuple[str, str], Mapping[str, Any]], name: str, qids: Sequence[str]
+) -> dict[str, Any] | None:
+    """One method's figures over the questions ``qids`` (None when it has no record for any)."""
+    questions = {q.id: q for q in data.questions}
+    closeness = {qid: by.get(("_deep", qid), {}).get("closeness") for qid in qids}
+    ranked = sorted((c, qid) for qid, c in closeness.items() if c is not None)
+    hard = {qid for _, qid in ranked[: max(len(ranked) // 3, 1)]}  # at least one, on tiny sets
+    rows: dict[str, list[float]] = defaultdict(list)
+    cats: dict[str, list[float]] = defaultdict(list)
+    n = 0
+    for qid in qids:
+        r, q = by.get((name, qid)), questions[qid]
+        if r is None:
+            continue
+        n += 1
+        ids = r["ids"]
+        for key in ("llm_calls", "prompt_tokens", "completion_tokens", "seconds", "store_calls"):
+            rows[key].append(float(r.get(key, 0)))
+        rows["tokens"].append(float(r.get("prompt_tokens", 0) + r.get("completion_tokens", 0)))
+        rows["facts"].append(float(len(ids)))
+        rows["degraded"].append(1.0 if r.get("degraded") else 0.0)
+        if q.gold or q.missing:
+            kw = {"missing": q.missing}
+            rows["recall"].append(recall(ids, q.gold, **kw))
+            rows["recall_exact"].append(recall_exact(ids, q.gold, **kw))
+            for b in BUDGETS:
+                rows[f"@{b}"].append(recall_at(ids, q.gold, b, **kw))
+                rows[f"exact@{b}"].append(recall_exact(ids[:b], q.gold, **kw))
+            deep = by.get(("_deep", qid), {}).get("ids")
+            if deep is not None:
+                rows["same"].append(recall(deep[: max(len(ids), 1)], q.gold, **kw))
+            cats[q.category].append(recall_at(ids, q.gold, 20, **kw))
+            if qid in hard:
+                rows["hard"].append(recall_at(ids, q.gold, 20, **kw))
+        judged = r.get("judged")
+        if judged and judged.get("error") is None and judged.get("found"):
+            found = judged["found"]
+            rows["judged"].append(sum(1 for f in found if f) / len(found))
+            rows["judged_exact"].append(1.0 if all(found) else 0.0)
+        elif judged:
+            rows["judge_failed"].append(1.0)
+    if n == 0:
+        return None
+    return {
+        "questions": n,
+        "recall": _mean(rows["recall"]),
+        "recall_at": {str(b): _mean(rows[f"@{b}"]) for b in BUDGETS},
+        "recall_exact": _mean(rows["recall_exact"]),
+        "recall_exact_at": {str(b): _mean(rows[f"exact@{b}"]) for b in BUDGETS},
+        "query_only_same_size": _mean(rows["same"]),
+        "recall_at_20_hard_third": _mean(rows["hard"]),
+        "judged_recall": _mean(rows["judged"]),
+        "judged_recall_exact": _mean(rows["judged_exact"]),
+        "judge_failures": len(rows["judge_failed"]),
+        "facts": _mean(rows["facts"]),
+        "llm_calls": _mean(rows["llm_calls"]),
+        "prompt_tokens": _mean(rows["prompt_tokens"]),
+        "completion_tokens": _mean(rows["completion_tokens"]),
+        "tokens": _mean(rows["tokens"]),
+        "seconds": _mean(rows["seconds"]),
+        "store_calls": _mean(rows["store_calls"]),
+        "degraded": _mean(rows["degraded"]),
+        "degraded_questions": int(sum(rows["degraded"])),
+        "by_category": {c: _mean(v) for c, v in sorted(cats.items())},
+    }
