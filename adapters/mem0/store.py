@@ -327,13 +327,15 @@ class Mem0Store(Store):
     def search(self, query: str, **kwargs: Any) -> dict[str, Any]:
         """mem0's ``search``, answered by PGR: the same keyword arguments, mem0's result shape.
 
-        ``top_k`` (2.x) or ``limit`` (1.0.x) is K of the query's own probe, so the first facts are the
-        ones plain search ranks top (by cosine), then come the facts prospection found; the list is cut
-        only by ``max_facts`` (a PGR option). ``threshold`` drops facts whose best cosine is below it, as
-        mem0 does. ``filters`` carries the scope and any metadata filters; every probe is searched under
-        both. With graph memory, ``"relations"`` lists the relations PGR found. ``explain=True`` adds
-        ``score_details`` with where each fact was found. A store failure on the query itself raises
-        :class:`~pgr_core.StoreError`; a failure later returns what was found.
+        ``top_k`` (2.x) or ``limit`` (1.0.x) caps the answer as in mem0: at most that many
+        ``"results"``, the first ones of PGR's ranking (R*, fused rank over every probe) that pass
+        ``threshold``. It is also K of the query's own probe. ``threshold`` drops facts whose best cosine
+        is below it, as mem0 does, before the cut, so facts prospection found take the places of query
+        hits it drops. ``max_facts`` (a PGR option) can cut R* shorter still. ``filters`` carries the
+        scope and any metadata filters; every probe is searched under both. With graph memory,
+        ``"relations"`` lists the relations PGR found. ``explain=True`` adds ``score_details`` with where
+        each fact was found. A store failure on the query itself raises :class:`~pgr_core.StoreError`; a
+        failure later returns what was found.
         """
         call = self._dropin(kwargs)
         if call.pgr is None:  # top_k=0
@@ -415,7 +417,8 @@ class Mem0Store(Store):
             if call.explain:
                 item["score_details"] = _details(found)
             items.append(item)
-        out: dict[str, Any] = {"results": items}
+        # at most top_k / limit results, as mem0 answers: the head of R*, which is ranked best first
+        out: dict[str, Any] = {"results": items[: call.top_k]}
         if self.has_graph:
             out["relations"] = relations
         return out

@@ -242,21 +242,39 @@ def test_aware_dates_stay_aware(new_memory: Callable[..., Any]) -> None:
 
 
 def test_drop_in_search_finds_what_plain_search_misses(memory: Any) -> None:
-    plain = memory.search(SOCCER, filters={"user_id": "alice"}, top_k=3)
-    ours = Mem0Store(memory).search(SOCCER, filters={"user_id": "alice"}, top_k=3)
+    plain = memory.search(SOCCER, filters={"user_id": "alice"}, top_k=5)
+    ours = Mem0Store(memory).search(SOCCER, filters={"user_id": "alice"}, top_k=5, explain=True)
 
     assert set(ours) == {"results"}
     first = ours["results"][0]
     assert {"id", "memory", "hash", "metadata", "score", "created_at", "updated_at", "user_id"} <= set(first)
-    plain_ids = [r["id"] for r in plain["results"]]
-    our_ids = [r["id"] for r in ours["results"]]
-    # what plain search returns comes first, then what prospection found
-    assert our_ids[: len(plain_ids)] == plain_ids
-    extra = {r["memory"] for r in ours["results"][len(plain_ids) :]}
-    assert "Rent went up by a hundred pounds a month, money is tight" in extra
-    assert "I cannot stand waking up early at the weekend" in extra
+    assert len(plain["results"]) < len(ours["results"]) == 5
+    plain_ids = {r["id"] for r in plain["results"]}
+    # facts a step probe found (not the query's own) that plain search does not return, within the same top_k
+    prospected = {
+        r["memory"] for r in ours["results"] if r["score_details"]["pgr_step_id"] and r["id"] not in plain_ids
+    }
+    assert "I cannot stand waking up early at the weekend" in prospected
     assert all(r["score"] >= 0.1 for r in ours["results"])  # mem0's default threshold
     assert all(r["user_id"] == "alice" for r in ours["results"])
+
+
+def test_drop_in_search_returns_at_most_top_k_results(memory: Any) -> None:
+    """top_k caps the answer as in mem0: the head of PGR's own ranking, though prospection found more."""
+    store = Mem0Store(memory)
+    for top_k in (1, 3):
+        ranked = PGR(store, query_top_k=top_k).retrieve(SOCCER, scope=ALICE).facts  # what the drop-in runs
+        assert len(ranked) > top_k  # prospection found more than top_k facts: they all used to come back
+        head = [f.fact.id for f in ranked if f.score >= 0.1][:top_k]  # mem0's default threshold, then the cut
+        ours = store.search(SOCCER, filters={"user_id": "alice"}, top_k=top_k)["results"]
+        assert [r["id"] for r in ours] == head and len(head) == top_k
+        assert all({"id", "memory", "hash", "metadata", "score", "user_id"} <= set(r) for r in ours)
+        answer = asyncio.run(store.asearch(SOCCER, filters={"user_id": "alice"}, top_k=top_k))
+        assert [r["id"] for r in answer["results"]] == head
+    # threshold first, then the cut: facts prospection found take the places of the query hits it drops
+    strict = store.search(SOCCER, filters={"user_id": "alice"}, top_k=3, threshold=0.3)["results"]
+    assert len(strict) == 3 and all(r["score"] >= 0.3 for r in strict)
+    assert {r["id"] for r in strict} - set(PGR(store).query_only(SOCCER, scope=ALICE, top_k=3).ids)
 
 
 def test_drop_in_search_takes_mem0s_arguments(memory: Any) -> None:
