@@ -35,6 +35,7 @@ from .llm import LLM, Completion
 from .llm import Usage as CallUsage
 from .prompts import render
 from .prospectors import FacetProspector, LLMProspector, Prospection, Prospector, plain_summary, quoted
+from .ranking import RANKINGS, choose, fused_order, llm_order, shared_order
 from .store import Store
 from .trace import Adaptive, BudgetReason, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
 from .types import Budget, Hit, Scope, SearchParams
@@ -75,11 +76,17 @@ class PGRConfig:
     - ``query_only_k``: K of the query-only baseline (20).
     - ``window``: temporal window w (±w turns around each hit, for stores that keep turn order).
     - ``max_facts``: cut R* to this many facts, neighbours included (None: keep all).
-    - ``query_top_k``: K of the query's own probe in Phase 1 (the paper uses K = 5 for every probe;
-      20, the baseline's K, keeps the baseline's facts in R so prospection only adds to them).
-    - ``query_weight``: weight of the query's own hit list when R* is ranked by fused rank (above
-      1.32, every query hit in its top 20 outranks any fact found only by step probes, so R*'s first
-      20 facts are the baseline's and prospection adds what comes after).
+    - ``query_top_k``: K of the query's own probe in Phase 1 (20, the baseline's K, so the query's
+      list can fill its share of any budget up to 40; the paper probes every text with K = 5).
+    - ``ranking``: how R* is ordered for a budget (see :mod:`pgr_core.ranking`): ``"shared"`` (the
+      default: every prefix of R* gives the query's own list ``query_share`` of its slots and the
+      step probes the rest, round-robin, facts several probes found first), ``"llm"`` (the summary
+      call names the records that matter; they lead, the shared order fills the rest; a non-choice
+      falls back to it) or ``"fused"`` (best weighted reciprocal rank: with ``query_weight`` above
+      1.32 the query's top 20 outrank every step-only fact, so ``top(20)`` is the query-only list).
+    - ``query_share``: the query's share of every prefix under ``"shared"`` and ``"llm"`` (0.5).
+    - ``query_weight``: weight of the query's own hit list under ``"fused"``.
+    - ``answer_context_tokens``: how much of R* (in its order) the answer prompt holds (1500 tokens).
     - ``budget``: the :class:`Budget` every call runs under (LLM calls, tokens, deadline; no cap by
       default). A call's own ``budget=`` can only tighten it.
 
@@ -112,6 +119,9 @@ class PGRConfig:
     max_facts: int | None = None
     query_top_k: int = 20
     query_weight: float = 1.5
+    ranking: str = "shared"
+    query_share: float = 0.5
+    answer_context_tokens: int = 1500
     augment: bool = True
     hygiene: Hygiene = field(default_factory=Hygiene)
     budget: Budget = field(default_factory=Budget)
@@ -153,6 +163,14 @@ class PGRConfig:
                 raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
         if self.max_facts is not None and (not isinstance(self.max_facts, int) or self.max_facts < 1):
             raise InvalidArgumentError(f"max_facts must be None or an integer >= 1, got {self.max_facts!r}")
+        if self.ranking not in RANKINGS:
+            raise InvalidArgumentError(f"ranking must be one of {', '.join(map(repr, RANKINGS))}, got {self.ranking!r}")
+        q = self.query_share
+        if isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 <= q <= 1.0:
+            raise InvalidArgumentError(f"query_share must be a number in [0, 1], got {q!r}")
+        t = self.answer_context_tokens
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise InvalidArgumentError(f"answer_context_tokens must be an integer >= 1, got {t!r}")
         if not self.query_weight >= 0:
             raise InvalidArgumentError(f"query_weight must be >= 0, got {self.query_weight!r}")
 
@@ -390,6 +408,8 @@ class PGR:
             budget=meter.budget.as_dict() or None,
         )
         p = Prospection(query=query, date=date, scope=scope, trace=trace, intent=query)
+        p.ranker = lambda: self._order(p)
+        p.want_choice = self.config.ranking == "llm"
         started = time.perf_counter()
         try:
             yield from self._run_phases(p, meter)
@@ -577,6 +597,7 @@ class PGR:
                     p.trace.hit_budget(stop.reason, stop.phase)
             # the query is always probed, so a degraded result still holds its hits
             rnd.prospect_seconds = time.perf_counter() - t0
+            p.plan = list(steps)
             probes = [Probe(p.query, "query"), *self._accept(p, rnd, steps)]
             # One store call: ask for the larger K and the lower floor, then cut each list back to its
             # own (K, τ): the query keeps the baseline's (query_top_k, no floor), steps get (K, τ).
@@ -607,7 +628,17 @@ class PGR:
             t0 = time.perf_counter()
             steps = yield from self.prospector.revise(p, new)
             rnd.prospect_seconds = time.perf_counter() - t0
+            if self.prospector.whole_plan:  # the plan revised: what is left out is pruned
+                ids = {s.id for s in steps}
+                rnd.pruned = [s.id for s in p.plan if s.id not in ids]
+                rnd.kept = [s.id for s in steps if s.status == "kept"]
+                p.plan = list(steps)
+                steps = [s for s in steps if s.status != "kept"]
+            else:
+                p.plan = [*p.plan, *steps]
             probes = self._accept(p, rnd, steps)
+            if self.prospector.whole_plan:
+                rnd.steps = list(p.plan)  # the whole plan as revised, kept steps included
             if not probes:
                 return [], False
             yield from self._search(p, rnd, probes, self.config.probe_params())
@@ -617,17 +648,34 @@ class PGR:
         with self._phase(p.trace, "summary"):
             skipped = p.trace.stop_reason == "adaptive_skip"
             if p.trace.degraded or p.trace.budget_hit or self.llm is None or skipped:
+                if p.want_choice:
+                    p.trace.ranking_fallback = "no summary call (no LLM, degraded, a cap hit or an adaptive skip)"
                 return plain_summary(p)
             try:
                 summary = yield from self.prospector.summarize(p)
+                p.trace.summary_fact_ids = list(p.summary_shown)
+                if p.want_choice:
+                    self._take_choice(p)
             except LLMError as exc:
                 p.trace.errors.append(f"summary: {type(exc).__name__}: {exc}")
                 p.trace.degraded = True
+                if p.want_choice:
+                    p.trace.ranking_fallback = "the summary call failed"
                 return plain_summary(p)
             except _BudgetStop as stop:  # the rounds ended on their own: stop_reason keeps why
                 p.trace.hit_budget(stop.reason, stop.phase)
+                if p.want_choice:
+                    p.trace.ranking_fallback = f"no summary call ({stop.reason})"
                 return plain_summary(p)
         return str(summary).strip()[:_MAX_SUMMARY_CHARS] or plain_summary(p)
+
+    def _take_choice(self, p: Prospection) -> None:
+        """Ranking "llm": keep the records the summary call named, unless its reply made no choice."""
+        if not p.summary_shown:
+            p.trace.ranking_fallback = "the prospector shows the summary no records"
+            return
+        choice = choose(p.choice, p.summary_shown)
+        p.trace.chosen_ids, p.trace.ranking_fallback = choice.chosen, choice.fallback
 
     def _query_only_flow(
         self, query: str, scope: Scope, date: datetime | None, top_k: int | None, window: int | None
@@ -662,13 +710,15 @@ class PGR:
         meter.reserved_calls = meter.reserved_tokens = 0
         facts = result.facts
         p = Prospection(query=query, date=date, scope=scope, trace=result.trace)
+        shown: list[str] = []
         text = render(
             "answer",
             date=p.date_text(),
             query=query,
             summary=quoted(result.summary, _MAX_SUMMARY_CHARS) if result.summary else "(none)",
-            memories=p.memory_lines(facts, 20),
+            memories=p.memory_lines(facts, max_tokens=self.config.answer_context_tokens, shown=shown),
         )
+        result.trace.answer_fact_ids = shown
         try:
             with self._phase(result.trace, "answer"):
                 messages = [{"role": "user", "content": text}]
@@ -757,6 +807,7 @@ class PGR:
                     step_id=probe.step_id,
                     via="neighbour" if hit.neighbour_of else "hit",
                     probes_hit=0 if hit.neighbour_of else 1,
+                    anchor=hit.neighbour_of,
                 )
                 (rnd.new_neighbour_ids if hit.neighbour_of else rnd.new_fact_ids).append(hit.fact.id)
                 continue
@@ -765,13 +816,25 @@ class PGR:
                 known.probes_hit += 1
                 known.score = max(known.score, hit.score)
                 if known.via == "neighbour":  # reached directly now: it counts toward Δ
-                    known.via = "hit"
+                    known.via, known.anchor = "hit", None
                     known.round, known.probe, known.step_id = rnd.index, probe.text, probe.step_id
                     rnd.new_fact_ids.append(hit.fact.id)
 
+    def _order(self, p: Prospection) -> list[FoundFact]:
+        """R in the configured order (see :mod:`pgr_core.ranking`); "llm" uses the summary's choice
+        once there is one, the shared order until then."""
+        cfg = self.config
+        if cfg.ranking == "fused" or p.trace.stop_reason == "adaptive_skip":
+            return fused_order(p.found)
+        probes = [pr for r in p.trace.rounds for pr in r.probes]
+        if cfg.ranking == "llm" and p.trace.chosen_ids:
+            return llm_order(p.found, probes, cfg.query_share, p.trace.chosen_ids)
+        return shared_order(p.found, probes, cfg.query_share)
+
     def _ranked(self, p: Prospection) -> list[FoundFact]:
-        """R* by fused rank: each fact at its best weighted reciprocal rank over all probes, ties by cosine."""
-        facts = sorted(p.found.values(), key=lambda f: (-f.rank_score, -f.score))
+        """R*, ordered for a budget and cut to ``max_facts``."""
+        p.trace.ranking = "fused" if p.trace.stop_reason == "adaptive_skip" else self.config.ranking
+        facts = self._order(p)
         return facts[: self.config.max_facts] if self.config.max_facts else facts
 
     @contextmanager

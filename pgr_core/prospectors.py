@@ -67,37 +67,81 @@ class Prospection:
     trace: Trace
     intent: str = ""
     found: dict[str, FoundFact] = field(default_factory=dict)  # R, in discovery order
-    steps: list[Step] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)  # every step proposed, in order (a rewrite: again)
+    plan: list[Step] = field(default_factory=list)  # the steps as they stand now (kept, rewritten, added)
     round: int = 0
     query_vector: Any = None  # the query's embedding, when Phase-1 reuse looked it up
     ask_answered: bool = False  # adaptive "llm" mode: augmentation also says whether its records answer
     answered: bool | None = None  # ...and what it said (None: not asked, or no verdict)
     context_top: float | None = None  # the best score among the records augmentation saw
+    want_choice: bool = False  # ranking "llm": the summary call also names the records that matter
+    choice: Any = None  # ...the ids it named, unchecked (see pgr_core.ranking.choose)
+    summary_shown: list[str] = field(default_factory=list)  # fact ids of the summary's records, in order
+    ranker: Any = None  # () -> R in the call's ranking order (set by the policy)
     _quoted: dict[str, str] = field(default_factory=dict, repr=False)  # fact id -> its quoted text, this call
+
+    def ranked(self) -> list[FoundFact]:
+        """R as the call's ranking orders it now (discovery order when no ranking is set)."""
+        return list(self.ranker()) if self.ranker is not None else list(self.found.values())
 
     def date_text(self) -> str:
         return self.date.date().isoformat() if self.date else "unknown"
 
-    def memory_lines(self, facts: Sequence[FoundFact], limit: int) -> str:
-        """Facts as delimited records, each text quoted (data, never instructions), with their age.
+    def memory_lines(
+        self,
+        facts: Sequence[FoundFact],
+        limit: int | None = None,
+        *,
+        max_tokens: int | None = None,
+        label: str = "m",
+        with_step: bool = False,
+        shown: list[str] | None = None,
+    ) -> str:
+        """Facts as delimited records, each text quoted (data, never instructions), with their age
+        (the newer of the fact's date and its last update, relative to the query date).
 
         ``<record id="m1" noted="2 months before">"I hurt my knee in March"</record>``: whatever a fact
         says, it cannot close its record, open another or leave its quotes (see :func:`quoted`).
+        ``limit`` caps the records, ``max_tokens`` their length (about four characters a token);
+        ``with_step`` adds which step's probe found each (``step="request"``: the request itself);
+        ``shown``, when given, receives the ids of the facts that made it in, in order.
         """
-        lines = []
-        for i, found in enumerate(facts[:limit], 1):
+        lines: list[str] = []
+        used = 0
+        for found in facts[:limit] if limit is not None else facts:
             fact = found.fact
-            when = fact.date or fact.updated_at
-            age = (
-                relative_age(when, self.date)
-                if when and self.date
-                else (when.date().isoformat() if when else "undated")
-            )
+            when = _newer(fact.date, fact.updated_at)
+            age = relative_age(when, self.date) if when and self.date else (when.date().isoformat() if when else "undated")
             text = self._quoted.get(fact.id)
             if text is None:  # the same facts come back in every round's prompt: quote each once per call
                 text = self._quoted[fact.id] = quoted(fact.text, 1000)
-            lines.append(f'<record id="m{i}" noted="{age}">{text}</record>')
+            step = ""
+            if with_step:
+                step = f' step="{_safe_id(found.step_id) or "request"}"' + (' via="window"' if found.via == "neighbour" else "")
+            line = f'<record id="{label}{len(lines) + 1}"{step} noted="{age}">{text}</record>'
+            cost = len(line) // 4 + 1
+            if max_tokens is not None and used + cost > max_tokens and lines:
+                break
+            used += cost
+            lines.append(line)
+            if shown is not None:
+                shown.append(fact.id)
         return "\n".join(lines) if lines else "(none)"
+
+
+def _safe_id(value: str | None) -> str:
+    """A step id as it may appear in a record's attribute: word characters, dots and dashes only."""
+    return re.sub(r"[^\w.-]", "", value or "")[:40]
+
+
+def _newer(a: datetime | None, b: datetime | None) -> datetime | None:
+    """The later of two optional dates (a fact's date and its update); the first when they cannot compare."""
+    if a is None or b is None:
+        return a or b
+    try:
+        return max(a, b)
+    except TypeError:  # one naive, one aware: keep the fact's own date
+        return a
 
 
 class Prospector(ABC):
@@ -109,6 +153,9 @@ class Prospector(ABC):
 
     name: ClassVar[str] = "prospector"
     requires_llm: ClassVar[bool] = False
+    #: True when :meth:`revise` returns the whole revised plan (steps left out are pruned, steps whose
+    #: ``status`` is ``"kept"`` are not probed again); False when it returns only steps to add.
+    whole_plan: ClassVar[bool] = False
 
     def augment(self, p: Prospection, context: list[Hit]) -> Flow:
         """Return q_A, the query restated with context. The default keeps the query as it is."""
@@ -121,7 +168,8 @@ class Prospector(ABC):
 
     @abstractmethod
     def revise(self, p: Prospection, new: list[FoundFact]) -> Flow:
-        """Phase 2: return new steps given R (``p.found``) and the last round's Δ (``new``)."""
+        """Phase 2: return steps given R (``p.found``), the last round's Δ (``new``) and the plan so far
+        (``p.plan``): new steps to add, or (``whole_plan``) the plan revised: kept, rewritten, added."""
 
     def summarize(self, p: Prospection) -> Flow:
         """Return the prospection summary. The default lists which step surfaced which facts."""
@@ -204,6 +252,31 @@ SUMMARY_SCHEMA: dict[str, Any] = {
     "properties": {"summary": {"type": "string"}},
     "required": ["summary"],
 }
+SUMMARY_CHOICE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "summary": {"type": "string"},
+        "ids": {"type": "array", "items": {"type": "string"}, "maxItems": 20},
+    },
+    "required": ["summary", "ids"],
+}
+_SUMMARY_REPLY = '{"summary": "<briefing>"}'
+_CHOOSE_REPLY = '{"summary": "<briefing>", "ids": ["<record id>", ...]}'
+_CHOOSE_ASK = """
+
+Then list in "ids" the records that matter for this request, most important first (for example
+["r7", "r2", "r11"]): pick the ones that change what the user should do, whatever their place in the
+list above, and leave out the rest."""
+_COT_REVISE_ITEM = {
+    "type": "object",
+    "properties": {"id": {"type": "string"}, "action": {"type": "string"}, "dimension": {"type": "string"}},
+    "required": ["id", "action"],
+}
+COT_REVISE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"steps": {"type": "array", "items": _COT_REVISE_ITEM, "maxItems": 8}},
+    "required": ["steps"],
+}
 # What the reply is checked against: the list must be there; items are read leniently (a small model
 # may write plain strings instead of objects, which still make good probes).
 _COT_CHECK = {"type": "object", "properties": {"steps": {"type": "array"}}, "required": ["steps"]}
@@ -246,6 +319,20 @@ def _verdict(value: Any) -> bool | None:
     return None
 
 
+def _kept(step: Step, round_index: int) -> Step:
+    """A plan step carried into a round unchanged (not probed again)."""
+    return Step(
+        id=step.id,
+        text=step.text,
+        dimension=step.dimension,
+        parent=step.parent,
+        children=list(step.children),
+        round=round_index,
+        probe=step.probe,
+        status="kept",
+    )
+
+
 def _item_text(item: Any) -> tuple[str, str | None]:
     """A step's text and dimension from one list item, on one line and cut to size."""
     if isinstance(item, Mapping):
@@ -263,20 +350,24 @@ class LLMProspector(Prospector):
     revises them from what memory returned.
 
     ``strategy`` is ``"cot"`` (a chain) or ``"tot"`` (a tree with parent/children). ``n_steps`` caps
-    the steps asked for per round; ``memories_in_prompt`` caps the records shown per prompt.
+    the steps asked for per round; ``memories_in_prompt`` and ``context_tokens`` cap the records the
+    revise prompt shows (count and length), ``summary_tokens`` those of the summary prompt.
     """
 
     name = "llm"
     requires_llm = True
+    whole_plan = True
 
     def __init__(
         self,
         strategy: str = "tot",
         *,
         n_steps: int = 6,
-        memories_in_prompt: int = 12,
+        memories_in_prompt: int = 24,
         dimensions: Sequence[str] = tuple(DIMENSIONS),
         max_tokens: int = 400,
+        context_tokens: int = 900,
+        summary_tokens: int = 1200,
     ) -> None:
         if strategy not in ("cot", "tot"):
             raise InvalidArgumentError(f"strategy must be 'cot' or 'tot', got {strategy!r}")
@@ -287,6 +378,8 @@ class LLMProspector(Prospector):
         self.memories_in_prompt = memories_in_prompt
         self.dimensions = list(dimensions)
         self.max_tokens = max_tokens
+        self.context_tokens = context_tokens
+        self.summary_tokens = summary_tokens
         self.name = f"llm-{strategy}"  # type: ignore[misc]  # the class default, refined per instance
 
     @property
@@ -326,57 +419,90 @@ class LLMProspector(Prospector):
         return self._steps(reply, p, known={})
 
     def revise(self, p: Prospection, new: list[FoundFact]) -> Flow:
-        shown = sorted(p.found.values(), key=lambda f: -f.rank_score)
+        """P_ref(q_A, R, S): the plan revised in the light of what its probes found.
+
+        The prompt holds the plan with its ids, then the records: the last round's Δ first, then the
+        rest of what step probes found, then the request's own hits, each with its age and the step
+        that found it, within ``context_tokens``. The reply is the whole plan: a step kept or rewritten
+        keeps its id (and, in a tree, its parent unless a new one is given); one left out is pruned.
+        """
+        plan = p.plan or p.steps
         steps_text = (
             "\n".join(
-                f"- [{s.id}] {quoted(s.text, _MAX_STEP_CHARS)}" + (f" ({quoted(s.dimension)})" if s.dimension else "")
-                for s in p.steps
+                f"- id {_safe_id(s.id)}"
+                + (f" (under {_safe_id(s.parent)})" if self.strategy == "tot" and s.parent else "")
+                + f": {quoted(s.text, _MAX_STEP_CHARS)}"
+                + (f" [{quoted(s.dimension)}]" if s.dimension else "")
+                for s in plan
             )
             or "(none)"
         )
+        delta = sorted((f for f in new if f.via == "hit"), key=lambda f: -f.score)
+        seen = {f.id for f in delta}
+        by_steps = [f for f in p.ranked() if f.step_id is not None and f.via == "hit" and f.id not in seen]
+        seen.update(f.id for f in by_steps)
+        rest = [f for f in p.ranked() if f.id not in seen and f.via == "hit"]
+        shown: list[str] = []
+        memories = p.memory_lines(
+            [*delta, *by_steps, *rest],
+            self.memories_in_prompt,
+            max_tokens=self.context_tokens,
+            label="r",
+            with_step=True,
+            shown=shown,
+        )
+        p.trace.rounds[-1].prompt_fact_ids = shown
         if self.strategy == "tot":
             fmt = (
-                '{"nodes": [{"id": "<new id>", "parent": "<id of the step it follows, or null>", '
+                '{"nodes": [{"id": "<an id above, or new>", "parent": "<the id of the step it follows, or null>", '
                 '"action": "<step>", "dimension": "<one dimension>"}, ...]}'
             )
-            hint = " You may attach a new step under an earlier one by giving that step's id as its parent."
+            hint = " A new step may go under any step of the plan: give that step's id as its parent."
         else:
-            fmt = '{"steps": [{"action": "<step>", "dimension": "<one dimension>"}, ...]}'
+            fmt = '{"steps": [{"id": "<an id above, or new>", "action": "<step>", "dimension": "<one dimension>"}, ...]}'
             hint = ""
         text = render(
             "revise",
             date=p.date_text(),
             intent=quoted(p.intent, 600),
             steps=steps_text,
-            memories=p.memory_lines(shown, self.memories_in_prompt),
+            memories=memories,
             n_steps=self.n_steps,
             dimensions=", ".join(self.dimensions),
             tree_hint=hint,
             format=fmt,
         )
-        schema, check = self._schemas
+        schema, check = self._revise_schemas
         reply = yield from ask_json(p, "personalized", text, schema, check, self.max_tokens)
-        return self._steps(reply, p, known={s.id: s for s in p.steps})
+        return self._revised(reply, p, plan)
 
     def summarize(self, p: Prospection) -> Flow:
-        findings = []
-        for step in p.steps:
-            facts = [f for f in p.found.values() if f.step_id == step.id and f.via == "hit"]
-            if facts:
-                findings.append(f"Step: {quoted(step.text, _MAX_STEP_CHARS)}\n" + p.memory_lines(facts, 4))
-        direct = [f for f in p.found.values() if f.step_id is None and f.via == "hit"]
-        if direct:
-            findings.insert(0, "The request itself:\n" + p.memory_lines(direct, 4))
-        if not findings:
+        """The briefing; with ``p.want_choice`` the same call names the records that matter (``p.choice``)."""
+        steps = {}
+        for step in p.steps:  # a rewritten step's latest words
+            steps[step.id] = step
+        ranked = [f for f in p.ranked() if f.via == "hit"]
+        if not ranked:
             return "Nothing in memory bears on this request."
+        shown: list[str] = []
+        records = p.memory_lines(ranked, max_tokens=self.summary_tokens, label="r", with_step=True, shown=shown)
+        p.summary_shown = shown
+        plan = "\n".join(f"- id {_safe_id(s.id)}: {quoted(s.text, _MAX_STEP_CHARS)}" for s in steps.values()) or "(none)"
+        choose = p.want_choice
         text = render(
             "summary",
             date=p.date_text(),
             query=p.query,
             intent=quoted(p.intent, 600),
-            findings="\n\n".join(findings[:8]),
+            steps=plan,
+            records=records,
+            choose=_CHOOSE_ASK if choose else "",
+            reply=_CHOOSE_REPLY if choose else _SUMMARY_REPLY,
         )
-        reply = yield from ask_json(p, "summary", text, SUMMARY_SCHEMA, SUMMARY_SCHEMA, 300)
+        schema = SUMMARY_CHOICE_SCHEMA if choose else SUMMARY_SCHEMA
+        reply = yield from ask_json(p, "summary", text, schema, SUMMARY_SCHEMA, 300 if not choose else 380)
+        if choose:
+            p.choice = reply.get("ids")
         return str(reply.get("summary", "")).strip() or plain_summary(p)
 
     def _steps(self, reply: Mapping[str, Any], p: Prospection, known: Mapping[str, Step]) -> list[Step]:
@@ -405,6 +531,66 @@ class LLMProspector(Prospector):
             previous = step
         return steps
 
+    @property
+    def _revise_schemas(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return (TOT_SCHEMA, _TOT_CHECK) if self.strategy == "tot" else (COT_REVISE_SCHEMA, _COT_CHECK)
+
+    def _revised(self, reply: Mapping[str, Any], p: Prospection, plan: Sequence[Step]) -> list[Step]:
+        """The revised plan: steps whose id names a step of ``plan`` keep that id (``kept`` when the
+        words are the same, else ``rewritten``); the rest are ``added`` with fresh ids."""
+        items = reply.get("nodes" if self.strategy == "tot" else "steps") or []
+        current = {s.id.lower(): s for s in plan}
+        known = {s.id.lower(): s for s in p.steps}
+        out: list[Step] = []
+        local: dict[str, Step] = {}  # the reply's own ids (new ones too), for parents within the reply
+        added = 0
+        for item in items[: self.n_steps * 2]:
+            text, dim = _item_text(item)
+            if not text:
+                continue
+            raw_id = str(item.get("id") or "").strip() if isinstance(item, Mapping) else ""
+            old = current.get(raw_id.lower())
+            if old is not None and any(s.id == old.id for s in out):
+                old = None  # the same id twice: the second is a new step
+            if old is not None:
+                same = " ".join(old.text.lower().split()) == " ".join(text.lower().split())
+                step = Step(
+                    id=old.id,
+                    text=old.text if same else text,
+                    dimension=dim or old.dimension,
+                    parent=old.parent,
+                    round=p.round,
+                    status="kept" if same else "rewritten",
+                    probe=old.probe if same else None,
+                )
+            else:
+                added += 1
+                step = Step(id=f"r{p.round}.{added}", text=text, dimension=dim, round=p.round, status="added")
+            if self.strategy == "tot" and isinstance(item, Mapping) and "parent" in item:
+                raw_parent = item.get("parent")
+                parent = (local.get(str(raw_parent).lower()) or known.get(str(raw_parent).lower())) if raw_parent else None
+                step.parent = parent.id if parent is not None and parent.id != step.id else (None if raw_parent is None else step.parent)
+            elif self.strategy == "cot" and old is None:
+                step.parent = out[-1].id if out else (plan[-1].id if plan else None)
+            if raw_id:
+                local[raw_id.lower()] = step
+            out.append(step)
+        if out and not any(s.status != "added" for s in out):
+            # a reply naming no step of the plan only adds (small models often do): nothing is pruned
+            out = [_kept(s, p.round) for s in plan] + out
+        latest = {s.id: s for s in p.steps}
+        for step in out:  # a tree's links as the revised plan stands; earlier versions learn new children
+            if step.parent is not None and step.parent not in latest and all(step.parent != o.id for o in out):
+                step.parent = None
+            if step.parent is not None and step.status != "kept":
+                for holder in (latest.get(step.parent), *(o for o in out if o.id == step.parent)):
+                    if holder is not None and step.id not in holder.children:
+                        holder.children.append(step.id)
+        for step in out:
+            if step.status != "added":
+                old = latest.get(step.id)
+                step.children = list(dict.fromkeys([*(old.children if old else []), *step.children]))
+        return out
 
 # --------------------------------------------------------------------------- LLM-free prospection
 

@@ -36,6 +36,7 @@ class Step:
     children: list[str] = field(default_factory=list)
     round: int = 1
     probe: str | None = None  # the text sent to the store, after hygiene (None: not probed)
+    status: Literal["added", "kept", "rewritten"] = "added"  # what a Phase-2 revision did with it
 
 
 @dataclass
@@ -123,6 +124,9 @@ class Round:
     dropped: list[DroppedProbe] = field(default_factory=list)
     new_fact_ids: list[str] = field(default_factory=list)  # Δ: direct hits not seen before
     new_neighbour_ids: list[str] = field(default_factory=list)  # window neighbours not seen before
+    prompt_fact_ids: list[str] = field(default_factory=list)  # the facts this round's prompt showed, in order
+    kept: list[str] = field(default_factory=list)  # step ids the revision kept as they were (not probed again)
+    pruned: list[str] = field(default_factory=list)  # step ids the revision left out
     store_calls: int = 0
     prospect_seconds: float = 0.0
     search_seconds: float = 0.0
@@ -140,6 +144,7 @@ class FoundFact:
     step_id: str | None = None
     via: Literal["hit", "neighbour"] = "hit"
     probes_hit: int = 1  # how many probes returned it directly
+    anchor: str | None = None  # for a window neighbour: the hit it came in beside
 
     @property
     def id(self) -> str:
@@ -159,6 +164,7 @@ class FoundFact:
             step_id=self.step_id,
             via=self.via,
             probes_hit=self.probes_hit,
+            anchor=self.anchor,
         )
         return out
 
@@ -187,6 +193,11 @@ class Trace:
     adaptive: Adaptive | None = None  # adaptive mode's decision (None: mode off)
     reused_phase1_from: str | None = None  # the earlier query whose Phase-1 prospection was reused
     reused_similarity: float | None = None  # its cosine to this query
+    ranking: str | None = None  # how R* was ordered: "fused", "shared" or "llm"
+    chosen_ids: list[str] = field(default_factory=list)  # ranking "llm": the facts the summary call put first
+    ranking_fallback: str | None = None  # ranking "llm": why its choice was not used (None: it was)
+    summary_fact_ids: list[str] = field(default_factory=list)  # the facts the summary prompt showed
+    answer_fact_ids: list[str] = field(default_factory=list)  # answer(): the facts its prompt held
 
     @property
     def store_calls(self) -> int:
@@ -198,7 +209,8 @@ class Trace:
 
     @property
     def steps(self) -> list[Step]:
-        return [s for r in self.rounds for s in r.steps]
+        """Every step proposed, in order: a rewritten one again under its id, a kept one once."""
+        return [s for r in self.rounds for s in r.steps if s.status != "kept"]
 
     def degrade(self, reason: StopReason, error: BaseException) -> None:
         self.degraded = True

@@ -33,7 +33,7 @@ def replies(messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any] | N
     if "intent" in required:
         return {"intent": "decide whether to join a soccer league this summer"}
     if "nodes" in required:  # one new step per round: the next one after those the prompt lists
-        step = STEPS[prompt.count("\n- [") % len(STEPS)]
+        step = STEPS[prompt.count("\n- id ") % len(STEPS)]
         return {"nodes": [{"id": "a", "parent": None, "action": step, "dimension": "health"}]}
     if "summary" in required:
         return {"summary": "The knee injury matters most."}

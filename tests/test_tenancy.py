@@ -140,7 +140,7 @@ def tenant_store() -> InMemoryStore:
     return store
 
 
-_RECORD = re.compile(r'<record id="m\d+" noted="[^"]*">(".*?")</record>')
+_RECORD = re.compile(r'<record id="[mr]\d+"(?: step="[\w.-]*")?(?: via="window")? noted="[^"]*">(".*?")</record>')
 _GOAL = re.compile(r'goal[^\n:]*:\s*(".*")\s*$', re.MULTILINE)
 
 

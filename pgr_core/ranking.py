@@ -1,0 +1,165 @@
+"""How R* is ordered for a budget: which facts a user with room for ``n`` gets from ``result.top(n)``.
+
+A user puts a fixed number of facts into a prompt, so the order of R* decides what prospection is
+worth: a fact that only a step probe found helps only if it can outrank a query hit. Three orders,
+chosen by ``PGRConfig.ranking``:
+
+- ``"fused"``: each fact at its best weighted reciprocal rank over all probes (the query's list
+  weighted by ``query_weight``). With the query's K = 20 and weight 1.5 its top 20 come first, so
+  ``top(20)`` is the query-only list: prospection only appends.
+- ``"shared"``: the budget is shared. Every prefix of R* gives the query's own list ``query_share``
+  of its slots (its hits in their order) and the step probes the rest, filled round-robin over the
+  probes (every probe's best hit, then every probe's second...), facts that several step probes
+  returned first. A fact both lists hold takes the first slot either gives it.
+- ``"llm"``: the summary call also names the records that matter, most important first; they lead,
+  and the shared order fills the rest. A reply that does not choose (the records' own order echoed,
+  unknown ids, fewer than ``min_chosen``) is ignored and the shared order used; the trace says why.
+
+Window neighbours ride with their anchor: placed right after it, in the anchor's pool's slots.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .trace import FoundFact, Probe
+
+__all__ = ["RANKINGS", "Choice", "choose", "fused_order", "llm_order", "shared_order"]
+
+RANKINGS = ("fused", "shared", "llm")
+
+
+def fused_order(found: Mapping[str, FoundFact]) -> list[FoundFact]:
+    """Best weighted reciprocal rank first, ties by cosine."""
+    return sorted(found.values(), key=lambda f: (-f.rank_score, -f.score))
+
+
+@dataclass
+class _Pools:
+    query: list[str] = field(default_factory=list)  # the query's direct hits, in its order
+    steps: list[str] = field(default_factory=list)  # step-found facts, in the shared order
+    neighbours: dict[str, list[str]] = field(default_factory=dict)  # anchor id -> its window neighbours
+
+
+def _pools(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> _Pools:
+    query_rank: dict[str, int] = {}
+    step_hits: dict[str, list[tuple[int, int]]] = {}  # fact id -> (rank, probe order) per step probe
+    order = 0
+    for probe in probes:
+        if probe.source == "query":
+            for rank, (fid, _) in enumerate(probe.hits):
+                if fid in found:
+                    query_rank[fid] = min(query_rank.get(fid, rank), rank)
+            continue
+        seen: set[str] = set()
+        for rank, (fid, _) in enumerate(probe.hits):
+            if fid in found and fid not in seen:
+                seen.add(fid)
+                step_hits.setdefault(fid, []).append((rank, order))
+        order += 1
+    pools = _Pools()
+    pools.query = sorted(query_rank, key=lambda fid: query_rank[fid])
+    # several probes agreeing first; then round-robin: best rank in any probe, earlier probe first
+    pools.steps = sorted(step_hits, key=lambda fid: (-len(step_hits[fid]), *min(step_hits[fid])))
+    for fid, f in found.items():
+        if f.via == "neighbour" and f.anchor is not None:
+            pools.neighbours.setdefault(f.anchor, []).append(fid)
+    return pools
+
+
+def shared_order(found: Mapping[str, FoundFact], probes: Iterable[Probe], query_share: float) -> list[FoundFact]:
+    """The shared order (see the module docstring); facts in neither pool follow by fused rank."""
+    pools = _pools(found, probes)
+    out: list[str] = []
+    placed: set[str] = set()
+    taken = {"query": 0, "steps": 0}
+    cursor = {"query": 0, "steps": 0}
+    lists = {"query": pools.query, "steps": pools.steps}
+
+    def next_of(pool: str) -> str | None:
+        items = lists[pool]
+        while cursor[pool] < len(items) and items[cursor[pool]] in placed:
+            cursor[pool] += 1
+        return items[cursor[pool]] if cursor[pool] < len(items) else None
+
+    while True:
+        # the query's turn while it holds less than its share of the slots filled so far (and the next)
+        want = "query" if taken["query"] < math.ceil(query_share * (len(out) + 1) - 1e-9) else "steps"
+        other = "steps" if want == "query" else "query"
+        fid = next_of(want)
+        pool = want
+        if fid is None:
+            fid, pool = next_of(other), other
+        if fid is None:
+            break
+        for item in (fid, *pools.neighbours.get(fid, ())):
+            if item not in placed:
+                placed.add(item)
+                out.append(item)
+                taken[pool] += 1
+    rest = [f for f in fused_order(found) if f.id not in placed]
+    return [found[i] for i in out] + rest
+
+
+@dataclass
+class Choice:
+    """What the LLM-chosen order did: the ids it put first, or why its reply was ignored."""
+
+    chosen: list[str]
+    fallback: str | None = None  # None: the choice was used
+
+
+def choose(
+    reply: object, shown: Sequence[str], *, min_chosen: int = 3, known: Iterable[str] = ()
+) -> Choice:
+    """Read the ids a summary reply named (record labels like ``"r3"`` or 3, or fact ids) against the
+    records it was shown (``shown``: fact ids in the order given). A non-choice falls back.
+
+    >>> choose(["r2", "r4", "r1"], ["a", "b", "c", "d"]).chosen
+    ['b', 'd', 'a']
+    >>> choose(["r1", "r2", "r3"], ["a", "b", "c", "d"]).fallback
+    'echo: the records were named in the order they were given'
+    """
+    if not isinstance(reply, list) or not reply:
+        return Choice([], "no ids in the reply")
+    ids: list[str] = []
+    by_fact = set(known) | set(shown)
+    for item in reply:
+        label = str(item).strip().lower().lstrip("#")
+        label = label[1:] if label[:1] in ("r", "m") and label[1:].isdigit() else label
+        if label.isdigit():
+            index = int(label) - 1
+            if not 0 <= index < len(shown):
+                return Choice([], f"id out of range: {item!r} (records r1..r{len(shown)})")
+            fid = shown[index]
+        elif str(item) in by_fact:
+            fid = str(item)
+        else:
+            return Choice([], f"unknown id: {item!r}")
+        if fid not in ids:
+            ids.append(fid)
+    if len(ids) < min(min_chosen, len(shown)):
+        return Choice([], f"too few: {len(ids)} id(s), at least {min(min_chosen, len(shown))} wanted")
+    if ids == list(shown[: len(ids)]):
+        return Choice([], "echo: the records were named in the order they were given")
+    return Choice(ids)
+
+
+def llm_order(
+    found: Mapping[str, FoundFact], probes: Iterable[Probe], query_share: float, chosen: Sequence[str]
+) -> list[FoundFact]:
+    """The chosen facts first (each with its window neighbours), then the shared order."""
+    shared = shared_order(found, probes, query_share)
+    neighbours: dict[str, list[str]] = {}
+    for f in found.values():
+        if f.via == "neighbour" and f.anchor is not None:
+            neighbours.setdefault(f.anchor, []).append(f.id)
+    out: list[str] = []
+    for fid in chosen:
+        for item in (fid, *neighbours.get(fid, ())):
+            if item in found and item not in out:
+                out.append(item)
+    first = set(out)
+    return [found[i] for i in out] + [f for f in shared if f.id not in first]
