@@ -80,6 +80,18 @@ class InMemoryStore(Store):
             row = self._ids.get(fact_id)
             return None if row is None else self._facts[row]
 
+    def vectors_for(self, fact_ids: Sequence[str]) -> np.ndarray:
+        """The stored unit vectors of ``fact_ids``, one row each in that order (a copy); a KeyError
+        names an id the store does not hold."""
+        with self._lock:
+            rows = []
+            for fact_id in fact_ids:
+                row = self._ids.get(fact_id)
+                if row is None:
+                    raise KeyError(f"no fact {fact_id!r} in this store")
+                rows.append(row)
+            return self._vectors[np.asarray(rows, dtype=np.int64)]  # fancy indexing copies
+
     # ------------------------------------------------------------------ writing
 
     def add(
