@@ -9,12 +9,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .embedders import Embedder, HashingEmbedder, MiniLMEmbedder, minilm_available
 from .errors import PGRError
 from .llm import LLM, llm_from_env
 from .trace import RetrievalResult, Step
+
+if TYPE_CHECKING:
+    from .evaluation.cache import DiskCachedEmbedder
+    from .evaluation.data import EvalSet
 
 __all__ = ["main"]
 
@@ -234,9 +238,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Compare retrieval methods on a data set; write JSON, Markdown and a PNG chart."""
-    from .evaluation import CachedLLM, load_set, markdown, run_eval, summarise, write_report
+    from .evaluation import load_set, markdown, summarise, write_report
+    from .evaluation.cache import DiskCachedEmbedder, disk_cached_embedder
     from .evaluation.methods import parse_method
-    from .memory import InMemoryStore
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
@@ -268,10 +272,38 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(markdown(report))
         _say(", ".join(f"{kind}: {path}" for kind, path in paths.items() if path is not None))
         return 0
+    embedder: Embedder = _embedder(args.embedder)
+    disk: DiskCachedEmbedder | None = None
+    if not args.no_cache:
+        cached = disk_cached_embedder(embedder, args.vector_cache)
+        disk = cached.inner if isinstance(cached.inner, DiskCachedEmbedder) else None
+        embedder = cached
+    try:
+        return _run_eval(args, data, methods, records, overrides, embedder, disk)
+    finally:
+        if disk is not None:
+            disk.close()
+
+
+def _run_eval(
+    args: argparse.Namespace,
+    data: EvalSet,
+    methods: list[str],
+    records: Path,
+    overrides: dict[str, Any],
+    embedder: Embedder,
+    disk: DiskCachedEmbedder | None,
+) -> int:
+    """``pgr eval`` once the data set is loaded: embed, run, report (``disk``: the vector cache or None)."""
+    from .evaluation import CachedLLM, markdown, run_eval, summarise, write_report
+    from .evaluation.runner import build_store
+
+    json_path: Path = args.json
     started = time.perf_counter()
-    store = InMemoryStore(embedder=_embedder(args.embedder))
-    store.add_facts(data.facts)
-    _say(f"embedded {len(store)} facts in {time.perf_counter() - started:.1f}s")
+    _say(f"embedding {len(data.facts)} facts with {embedder.name}...")
+    store = build_store(data.facts, embedder)
+    from_disk = f", {disk.hits} from the vector cache {disk.path}" if disk is not None and disk.active else ""
+    _say(f"embedded {len(store)} facts in {time.perf_counter() - started:.1f}s{from_disk}")
     llm = _llm(args)
     if llm is not None and not args.no_cache:
         llm = CachedLLM(llm, args.cache)
@@ -296,6 +328,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
             ]
     if isinstance(llm, CachedLLM):
         report["llm_cache"] = {"root": str(llm.root), "hits": llm.stats.hits, "misses": llm.stats.misses}
+    if disk is not None:
+        report["vector_cache"] = {
+            "path": str(disk.path),
+            "active": disk.active,
+            "hits": disk.hits,
+            "misses": disk.misses,
+        }
     report["command"] = "pgr " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("pgr") else None
     paths = write_report(report, json_path)
     print(markdown(report))
@@ -381,7 +420,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="report path; .md, .png and .records.jsonl are written beside it",
     )
     ev.add_argument("--cache", type=Path, default=Path(".pgr-cache/llm"), help="LLM reply cache folder")
-    ev.add_argument("--no-cache", action="store_true", help="ask the LLM every time")
+    ev.add_argument(
+        "--vector-cache",
+        type=Path,
+        default=Path(".pgr-cache/vectors"),
+        help="embedding cache folder (SQLite, keyed by embedder and text): a re-run embeds nothing again",
+    )
+    ev.add_argument("--no-cache", action="store_true", help="no LLM reply cache and no vector cache")
     ev.add_argument(
         "--report-only",
         action="store_true",

@@ -484,6 +484,8 @@ def test_pgr_eval_command_writes_the_report(tmp_path: Path, capsys: pytest.Captu
             "--embedder",
             "hashing",
             "--no-llm",
+            "--vector-cache",
+            str(tmp_path / "vectors"),
         ]
     )
     assert code == 0
@@ -521,7 +523,18 @@ def test_report_only_rewrites_the_report_from_records(tmp_path: Path) -> None:
 
     data = _write_jsonl(tmp_path / "d.jsonl")
     out = tmp_path / "report.json"
-    common = ["eval", "jsonl", "--data", str(data), "--json", str(out), "--embedder", "hashing", "--no-llm"]
+    common = [
+        "eval",
+        "jsonl",
+        "--data",
+        str(data),
+        "--json",
+        str(out),
+        "--embedder",
+        "hashing",
+        "--no-llm",
+        "--no-cache",
+    ]
     assert main([*common, "--report-only", "--methods", "query-only"]) == 2  # nothing recorded yet
     assert main([*common, "--methods", "query-only"]) == 0
     first = json.loads(out.read_text())

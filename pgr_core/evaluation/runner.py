@@ -18,13 +18,19 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
+from ..caches import CachedEmbedder
+from ..embedders import Embedder
 from ..llm import LLM
+from ..memory import InMemoryStore
 from ..store import Store
+from ..types import Fact
 from .data import EvalQuestion, EvalSet
 from .methods import LLM_METHODS, make_method, parse_method, scope_probe
 from .metrics import judged_recall, recall, recall_at, recall_exact
 
-__all__ = ["BUDGETS", "run_eval", "summarise"]
+__all__ = ["BUDGETS", "Progress", "build_store", "embed_in_chunks", "run_eval", "summarise"]
 
 BUDGETS = (10, 20, 35)
 DEEP = 400  # how far down the question's own list "query-only at the same size" may read
@@ -37,8 +43,9 @@ class Progress:
         self.total, self.label, self.stream, self.every = total, label, stream or sys.stderr, every
         self.done, self.started, self.last = 0, time.perf_counter(), 0.0
 
-    def step(self, note: str = "") -> None:
-        self.done += 1
+    def step(self, note: str = "", n: int = 1) -> None:
+        """``n`` more done (a chunk of texts counts its texts)."""
+        self.done += n
         now = time.perf_counter()
         if now - self.last < self.every and self.done < self.total:
             return
@@ -50,6 +57,35 @@ class Progress:
             file=self.stream,
             flush=True,
         )
+
+
+def embed_in_chunks(
+    embed: Callable[[Sequence[str]], np.ndarray], texts: Sequence[str], label: str, *, dim: int, chunk: int = 256
+) -> np.ndarray:
+    """``embed(texts)`` a chunk at a time, with a progress line: one batch of thousands shows nothing."""
+    if not texts:
+        return np.zeros((0, dim), dtype=np.float32)
+    progress = Progress(len(texts), label)
+    parts = []
+    for start in range(0, len(texts), chunk):
+        part = texts[start : start + chunk]
+        parts.append(np.asarray(embed(part), dtype=np.float32))
+        progress.step(n=len(part))
+    return np.vstack(parts)
+
+
+def build_store(facts: Sequence[Fact], embedder: Embedder, *, chunk: int = 256) -> InMemoryStore:
+    """An :class:`InMemoryStore` holding ``facts``, embedded in chunks with a progress line."""
+    store = InMemoryStore(embedder=embedder)
+    facts = list(facts)
+    if facts:
+        inner = store.embedder
+        # straight past the probe cache, as the store's own bulk writes go (a disk cache below still serves)
+        embed = inner.embed_uncached if isinstance(inner, CachedEmbedder) else inner.embed
+        texts = [f.text for f in facts]
+        vectors = embed_in_chunks(embed, texts, f"embedding facts ({inner.name})", dim=inner.dim, chunk=chunk)
+        store.add_facts(facts, vectors=vectors)
+    return store
 
 
 def _records_under(path: Path, header: Mapping[str, Any]) -> list[dict[str, Any]] | None:
@@ -124,11 +160,10 @@ def run_eval(
 
     try:
         # the question's own deep list and how close its gold is to it: computed once per question
-        embedder = getattr(store, "embedder", None)
         todo = [q for q in data.questions if ("_deep", q.id) not in have]
         if todo:
+            closeness = _closeness(store, todo)
             progress = Progress(len(todo), "baseline lists")
-            closeness = _closeness(embedder, store, todo)
             for q, close in zip(todo, closeness, strict=True):
                 emit(
                     {
@@ -181,16 +216,30 @@ def _facts(store: Store, ids: Sequence[str]) -> list[Any]:
     return [f for f in (get(i) for i in ids) if f is not None]
 
 
-def _closeness(embedder: Any, store: Store, questions: Sequence[EvalQuestion]) -> list[float | None]:
-    """Max cosine between each question and its gold facts (None without gold or an embedder)."""
+def _closeness(store: Store, questions: Sequence[EvalQuestion]) -> list[float | None]:
+    """Max cosine between each question and its gold facts (None without gold or an embedder).
+
+    The gold facts' vectors are the store's own when it gives them (``vectors_for``): re-embedding
+    every question's gold costs minutes on a large set. Otherwise they go through the store's embedder.
+    """
+    embedder = getattr(store, "embedder", None)
     if embedder is None or getattr(store, "get", None) is None:
         return [None] * len(questions)
-    q_vecs = embedder.embed([q.question for q in questions])
+    q_vecs = embed_in_chunks(
+        embedder.embed, [q.question for q in questions], "baseline lists: embedding questions", dim=embedder.dim
+    )
+    stored = getattr(store, "vectors_for", None)
+    progress = Progress(len(questions), "baseline lists: gold closeness")
     out: list[float | None] = []
     for vec, q in zip(q_vecs, questions, strict=True):
         ids = [i for g in q.gold for i in ([g] if isinstance(g, str) else g)]
-        texts = [f.text for f in _facts(store, ids)]
-        out.append(float(max(embedder.embed(texts) @ vec)) if texts else None)
+        facts = _facts(store, ids)
+        if facts:
+            rows = stored([f.id for f in facts]) if stored is not None else embedder.embed([f.text for f in facts])
+            out.append(float(np.max(rows @ vec)))
+        else:
+            out.append(None)
+        progress.step()
     return out
 
 
