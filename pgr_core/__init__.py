@@ -25,7 +25,7 @@ from .hygiene import Hygiene
 from .llm import LLM, Completion, OpenAICompatible, llm_from_env
 from .memory import InMemoryStore
 from .policy import PGR, Answer, PGRConfig
-from .prospectors import DIMENSIONS, FacetProspector, LLMProspector, Prospection, Prospector
+from .prospectors import DIMENSIONS, FacetProspector, LLMProspector, NoProspection, Prospection, Prospector
 from .store import Store
 from .trace import DroppedProbe, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
 from .types import Budget, Capabilities, Fact, Hit, Scope, SearchParams
@@ -56,6 +56,7 @@ __all__ = [
     "LLMProspector",
     "LLMStatusError",
     "LLMTimeoutError",
+    "NoProspection",
     "MiniLMEmbedder",
     "OpenAICompatible",
     "PGR",

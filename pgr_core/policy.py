@@ -34,7 +34,15 @@ from .hygiene import Hygiene, clean_steps
 from .llm import LLM, Completion
 from .llm import Usage as CallUsage
 from .prompts import render
-from .prospectors import FacetProspector, LLMProspector, Prospection, Prospector, plain_summary, quoted
+from .prospectors import (
+    FacetProspector,
+    LLMProspector,
+    NoProspection,
+    Prospection,
+    Prospector,
+    plain_summary,
+    quoted,
+)
 from .ranking import RANKINGS, choose, fused_order, llm_order, shared_order
 from .store import Store
 from .trace import Adaptive, BudgetReason, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
@@ -195,7 +203,7 @@ def _strategy_prospector(strategy: str | Prospector | None, llm: LLM | None) -> 
             raise ConfigurationError(f"prospector {strategy.name!r} needs an LLM: pass llm=...")
         return strategy
     if strategy is None:
-        strategy = "tot" if llm is not None else "facet"
+        strategy = "tot" if llm is not None else "none"
     if strategy in ("cot", "tot"):
         if llm is None:
             raise ConfigurationError(
@@ -205,7 +213,9 @@ def _strategy_prospector(strategy: str | Prospector | None, llm: LLM | None) -> 
         return LLMProspector(strategy)
     if strategy == "facet":
         return FacetProspector()
-    raise InvalidArgumentError(f"unknown strategy {strategy!r}: use 'tot', 'cot', 'facet' or a Prospector")
+    if strategy == "none":
+        return NoProspection()
+    raise InvalidArgumentError(f"unknown strategy {strategy!r}: use 'tot', 'cot', 'facet', 'none' or a Prospector")
 
 
 def _renumbered(steps: Sequence[Step], round_index: int) -> list[Step]:
@@ -237,8 +247,10 @@ class PGR:
     >>> result = pgr.retrieve("Should I join a soccer league this summer?",
     ...                       scope=Scope(user_id="u1"), date="2025-05-01")  # doctest: +SKIP
 
-    ``strategy``: ``"tot"`` or ``"cot"`` (LLM), ``"facet"`` (no LLM), or a :class:`Prospector`.
-    Left ``None``, it is ``"tot"`` with an LLM and ``"facet"`` without. Keyword arguments that name
+    ``strategy``: ``"tot"`` or ``"cot"`` (LLM), ``"facet"`` (LLM-free probes), ``"none"`` (no
+    prospection: the query's own list), or a :class:`Prospector`. Left ``None``, it is ``"tot"`` with
+    an LLM and ``"none"`` without: the facet prospector found less than the query alone at an equal
+    number of facts on MQ-lite (see benchmarks/RESULTS.md), so it is opt-in. Keyword arguments that name
     :class:`PGRConfig` fields override its defaults.
     """
 

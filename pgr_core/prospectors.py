@@ -24,7 +24,7 @@ from .prompts import render
 from .trace import FoundFact, Step, Trace
 from .types import Hit, Scope
 
-__all__ = ["DIMENSIONS", "FacetProspector", "LLMProspector", "Prospection", "Prospector", "quoted"]
+__all__ = ["DIMENSIONS", "FacetProspector", "LLMProspector", "NoProspection", "Prospection", "Prospector", "quoted"]
 
 _MAX_STEP_CHARS = 300  # a step is one short sentence; a runaway one is cut before it reaches a prompt
 _MAX_DIMENSION_CHARS = 40
@@ -421,8 +421,8 @@ class LLMProspector(Prospector):
     def revise(self, p: Prospection, new: list[FoundFact]) -> Flow:
         """P_ref(q_A, R, S): the plan revised in the light of what its probes found.
 
-        The prompt holds the plan with its ids, then the records: the last round's Δ first, then the
-        rest of what step probes found, then the request's own hits, each with its age and the step
+        The prompt holds the plan with its ids, then the records: what step probes found in the last
+        round (Δ) first, then the rest of what step probes found, then the request's own hits, each with its age and the step
         that found it, within ``context_tokens``. The reply is the whole plan: a step kept or rewritten
         keeps its id (and, in a tree, its parent unless a new one is given); one left out is pruned.
         """
@@ -437,7 +437,7 @@ class LLMProspector(Prospector):
             )
             or "(none)"
         )
-        delta = sorted((f for f in new if f.via == "hit"), key=lambda f: -f.score)
+        delta = sorted((f for f in new if f.via == "hit" and f.step_id is not None), key=lambda f: -f.score)
         seen = {f.id for f in delta}
         by_steps = [f for f in p.ranked() if f.step_id is not None and f.via == "hit" and f.id not in seen]
         seen.update(f.id for f in by_steps)
@@ -593,6 +593,22 @@ class LLMProspector(Prospector):
         return out
 
 # --------------------------------------------------------------------------- LLM-free prospection
+
+
+class NoProspection(Prospector):
+    """No steps at all: R* is the query's own top ``query_top_k`` (window included), the query-only
+    list. The default without an LLM, since no LLM-free prospector measured here beat the query's own
+    list at an equal number of facts (``strategy="facet"`` is there to try on your data)."""
+
+    name = "none"
+
+    def initial(self, p: Prospection) -> Flow:
+        return []
+        yield  # pragma: no cover
+
+    def revise(self, p: Prospection, new: list[FoundFact]) -> Flow:
+        return []
+        yield  # pragma: no cover
 
 _STOP = frozenset(
     """a about above after again against all am an and any are as at be because been before being below

@@ -62,21 +62,35 @@ class DemoQuery:
     why: dict[str, str] = field(default_factory=dict)
 
     @property
+    def budget(self) -> int:
+        """The number of facts both lists are compared at: the query-only list's size."""
+        return len(self.query_only.facts)
+
+    @property
+    def pgr_ids(self) -> list[str]:
+        """PGR's R* cut to the same number of facts as the query-only list."""
+        return [f.id for f in self.pgr.top(self.budget)]
+
+    @property
     def only_pgr(self) -> list[str]:
+        """Facts in PGR's list at the same size that the query-only list does not hold."""
         baseline = set(self.query_only.ids)
-        return [i for i in self.pgr.ids if i not in baseline]
+        return [i for i in self.pgr_ids if i not in baseline]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "query": self.query,
             "date": self.date,
+            "budget": self.budget,
             "query_only": self.query_only.ids,
-            "pgr": self.pgr.ids,
+            "pgr": self.pgr_ids,
+            "pgr_all": self.pgr.ids,
             "only_pgr": self.only_pgr,
             "relevant": self.relevant,
             "relevant_found": {
                 "query_only": [i for i in self.relevant if i in set(self.query_only.ids)],
-                "pgr": [i for i in self.relevant if i in set(self.pgr.ids)],
+                "pgr": [i for i in self.relevant if i in set(self.pgr_ids)],
+                "pgr_all": [i for i in self.relevant if i in set(self.pgr.ids)],
             },
             "summary": self.pgr.summary,
             "trace": self.pgr.trace.to_dict(),
