@@ -23,8 +23,14 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 NO_LLM_NOTE = (
-    "No LLM configured (set PGR_LLM_BASE_URL and PGR_LLM_MODEL to use one): "
-    "prospecting with the LLM-free FacetProspector."
+    "No LLM configured (set PGR_LLM_BASE_URL and PGR_LLM_MODEL to use one): no prospection, the query's own "
+    "top 20 (query-only). --strategy facet prospects without an LLM, but on MQ-lite it found less than the "
+    "query alone at an equal number of facts."
+)
+DEMO_NO_LLM_NOTE = (
+    "No LLM configured (set PGR_LLM_BASE_URL and PGR_LLM_MODEL to use one): the PGR side runs the LLM-free "
+    "facet prospector, which is not the no-LLM default (that is query-only: facet finds less than the query "
+    "alone at an equal number of facts on MQ-lite)."
 )
 
 
@@ -51,12 +57,14 @@ def _llm(args: argparse.Namespace) -> LLM | None:
     return llm_from_env(timeout=args.llm_timeout)  # --llm-timeout holds when the URL comes from the environment
 
 
-def _pgr(store: Any, llm: LLM | None, args: argparse.Namespace) -> Any:
+def _pgr(store: Any, llm: LLM | None, args: argparse.Namespace, no_llm_strategy: str = "none") -> Any:
     from .policy import PGR
 
-    strategy = args.strategy if llm is not None else "facet"
-    if llm is None and args.strategy in ("cot", "tot") and args.strategy_given:
-        _say(f"note: strategy {args.strategy!r} needs an LLM")
+    strategy = args.strategy
+    if llm is None and strategy in ("cot", "tot"):
+        if args.strategy_given:
+            _say(f"note: strategy {args.strategy!r} needs an LLM")
+        strategy = no_llm_strategy
     return PGR(store, llm=llm, strategy=strategy, window=args.window, max_facts=args.max_facts)
 
 
@@ -89,30 +97,30 @@ def _fact_line(text: str, mark: str, width: int = 100) -> str:
 def _print_demo_query(item: Any, out: TextIO) -> None:
     rel = set(item.relevant)
     qo, pg = item.query_only, item.pgr
-    qo_rel = [i for i in qo.ids if i in rel]
-    pg_rel = [i for i in pg.ids if i in rel]
-    pg_top = {f.id for f in pg.top(len(qo.facts))}
+    n = item.budget
+    qo_ids, pg_ids = set(qo.ids), set(item.pgr_ids)
     print(f"\n=== {item.query}   (asked {item.date})", file=out)
     print(
-        f"query-only (top {len(qo.facts)}): {len(qo_rel)}/{len(rel)} of the facts that matter   |   "
-        f"PGR ({len(pg.facts)} facts, {len(pg.trace.rounds)} rounds): {len(pg_rel)}/{len(rel)} "
-        f"(in its top {len(qo.facts)}: {len(rel & pg_top)})",
+        f"at {n} facts each: query-only {len(rel & qo_ids)}/{len(rel)} of the facts that matter   |   "
+        f"PGR {len(rel & pg_ids)}/{len(rel)} ({pg.trace.ranking} ranking, {len(pg.trace.rounds)} rounds; "
+        f"all {len(pg.facts)} facts of R*: {len(rel & set(pg.ids))}/{len(rel)})",
         file=out,
     )
-    print("\nProspection tree:", file=out)
-    for line in tree_lines(pg.trace.steps)[:40]:
-        print("  " + line, file=out)
+    if pg.trace.steps:
+        print("\nProspection tree:", file=out)
+        for line in tree_lines(pg.trace.steps)[:40]:
+            print("  " + line, file=out)
     texts = {f.id: f.text for f in (*qo.facts, *pg.facts)}
-    print("\nFacts that matter (✓ found, · missed):", file=out)
+    print(f"\nFacts that matter, in each list of {n} (✓ found, · missed):", file=out)
     print(f"  {'query-only':>10} {'PGR':>4}", file=out)
     for fid in item.relevant:
-        a = "✓" if fid in set(qo.ids) else "·"
-        b = "✓" if fid in set(pg.ids) else "·"
+        a = "✓" if fid in qo_ids else "·"
+        b = "✓" if fid in pg_ids else "·"
         why = item.why.get(fid, "")
         print(f"  {a:>10} {b:>4}  {fid:<7} {why}", file=out)
     only = [i for i in item.only_pgr if i in rel]
     if only:
-        print("\nOnly PGR found:", file=out)
+        print(f"\nOnly PGR found (in its top {n}):", file=out)
         for fid in only:
             print(_fact_line(texts.get(fid, fid), "+"), file=out)
     print(f"\nSummary: {pg.summary}", file=out)
@@ -134,7 +142,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     llm = _llm(args)
     if llm is None:
-        _say(NO_LLM_NOTE)
+        _say(DEMO_NO_LLM_NOTE)
     else:
         _say(f"LLM: {llm!r}")
     embedder = _embedder(args.embedder)
@@ -144,7 +152,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _say(f"  {len(store)} facts in {time.perf_counter() - t0:.1f}s")
     if args.save_store:
         _say(f"  store saved to {store.save(args.save_store)}")
-    pgr = _pgr(store, llm, args)
+    pgr = _pgr(store, llm, args, no_llm_strategy="facet")
     items = demo.run_demo(pgr, progress=lambda m: _say(f"running {m}"))
     page = write_trace_page(args.html, [i.page_item() for i in items], title="pgr demo: query-only vs PGR")
     if args.json:
@@ -222,11 +230,12 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--strategy",
-        choices=["tot", "cot", "facet"],
+        choices=["tot", "cot", "facet", "none"],
         default=None,
-        help="prospection (default: tot with an LLM, facet without)",
+        help="prospection (default: tot with an LLM; without one, none: the query's own list, "
+        "except in the demo, which shows facet)",
     )
-    p.add_argument("--no-llm", action="store_true", help="ignore any configured LLM (FacetProspector)")
+    p.add_argument("--no-llm", action="store_true", help="ignore any configured LLM")
     p.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
     p.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
     p.add_argument("--llm-timeout", type=float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "60")))
