@@ -333,9 +333,9 @@ class Mem0Store(Store):
         is below it, as mem0 does, before the cut, so facts prospection found take the places of query
         hits it drops. ``max_facts`` (a PGR option) can cut R* shorter still. ``filters`` carries the
         scope and any metadata filters; every probe is searched under both. With graph memory,
-        ``"relations"`` lists the relations PGR found. ``explain=True`` adds ``score_details`` with where
-        each fact was found. A store failure on the query itself raises :class:`~pgr_core.StoreError`; a
-        failure later returns what was found.
+        ``"relations"`` lists the relations PGR found, at most ``limit`` of them too, as in mem0.
+        ``explain=True`` adds ``score_details`` with where each fact was found. A store failure on the
+        query itself raises :class:`~pgr_core.StoreError`; a failure later returns what was found.
         """
         call = self._dropin(kwargs)
         if call.pgr is None:  # top_k=0
@@ -417,10 +417,11 @@ class Mem0Store(Store):
             if call.explain:
                 item["score_details"] = _details(found)
             items.append(item)
-        # at most top_k / limit results, as mem0 answers: the head of R*, which is ranked best first
+        # at most top_k / limit of each, as mem0 answers (1.0.x passes its limit to the graph search
+        # too): the head of R*, which is ranked best first
         out: dict[str, Any] = {"results": items[: call.top_k]}
         if self.has_graph:
-            out["relations"] = relations
+            out["relations"] = relations[: call.top_k]
         return out
 
 
