@@ -15,24 +15,22 @@ prospecting and keeps what it has.
 
 from __future__ import annotations
 
-import asyncio
-import re
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ._budget import BudgetStop, Meter
 from ._dates import DateLike, check_same_kind, parse_date
+from ._drivers import Drivers
 from ._effects import Ask, Flow, Search
-from .caches import CachedEmbedder, ProspectionCache, Reusable, counting_embeddings, current_count
+from .caches import CachedEmbedder, ProspectionCache, Reusable, current_count
+from .config import PGRConfig
 from .embedders import Embedder
-from .errors import ConfigurationError, InvalidArgumentError, LLMError, LLMTimeoutError, StoreError
-from .hygiene import Hygiene, clean_steps
-from .llm import LLM, Completion
-from .llm import Usage as CallUsage
+from .errors import ConfigurationError, InvalidArgumentError, LLMError, StoreError
+from .hygiene import clean_steps
+from .llm import LLM
 from .prompts import render
 from .prospectors import (
     FacetProspector,
@@ -43,9 +41,10 @@ from .prospectors import (
     plain_summary,
     quoted,
 )
-from .ranking import RANKINGS, choose, fused_order, llm_order, shared_order
+from .ranking import choose, fused_order, llm_order, shared_order
+from .savings import Savings, cut_hits
 from .store import Store
-from .trace import Adaptive, BudgetReason, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
+from .trace import Answer, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
 from .types import Budget, Hit, Scope, SearchParams
 
 __all__ = ["PGR", "Answer", "PGRConfig"]
@@ -54,147 +53,8 @@ _RRF_K = 60  # reciprocal-rank fusion constant (Cormack et al.): damps the weigh
 _ANSWER_TOKENS = 500  # max_tokens of the answer call; answer() keeps them (and one call) in reserve
 _MAX_INTENT_CHARS = 600  # q_A goes into every later prompt: a runaway restatement is cut
 _MAX_SUMMARY_CHARS = 2000
-_ABANDONED = "no answer in the {seconds:.3g}s the deadline left; the call was abandoned"
-_ADAPTIVE_MODES = ("off", "heuristic", "llm")
-# A plain factual question opens with a wh-word (after an optional "and"/"so"/"but")...
-_FACTUAL = re.compile(
-    r"^(?:(?:and|so|but|also|ok|okay)[ ,]+)?"
-    r"(when|where|who|whom|whose|which|what|how (?:many|much|long|old|often|far))\b",
-    re.IGNORECASE,
-)
-# ...and asks for no advice, plan, judgement or guess: those are what prospection is for.
-_NOT_PLAIN = re.compile(
-    r"\b(should|shall|could|would|might|ought|can i|can we|can you|do you think|help me|plan|planning|"
-    r"recommend\w*|suggest\w*|advi[cs]e|ideas?|tips?|what if|worth|better|best way|likely|probably|"
-    r"how do i|how can i)\b",
-    re.IGNORECASE,
-)
 
 BudgetArg = Budget | Mapping[str, Any] | None
-
-
-@dataclass(frozen=True)
-class PGRConfig:
-    """The policy's parameters, with the paper's defaults. Every value is checked on construction.
-
-    - ``top_k`` / ``min_score``: K and τ per probe (5, 0.3).
-    - ``augment_top_k`` / ``augment_min_score``: Ko and τo of the augmentation lookup (5, 0.6).
-    - ``delta``: δ, stop when a round adds fewer new facts (5).
-    - ``max_rounds``: I_max, the most Phase-2 rounds (10).
-    - ``query_only_k``: K of the query-only baseline (20).
-    - ``window``: temporal window w (±w turns around each hit, for stores that keep turn order).
-    - ``max_facts``: cut R* to this many facts, neighbours included (None: keep all).
-    - ``query_top_k``: K of the query's own probe in Phase 1 (20, the baseline's K, so the query's
-      list can fill its share of any budget up to 40; the paper probes every text with K = 5).
-    - ``ranking``: how R* is ordered for a budget (see :mod:`pgr_core.ranking`): ``"shared"`` (the
-      default: every prefix of R* gives the query's own list ``query_share`` of its slots and the
-      step probes the rest, round-robin, facts several probes found first), ``"llm"`` (the summary
-      call names the records that matter; they lead, the shared order fills the rest; a non-choice
-      falls back to it) or ``"fused"`` (best weighted reciprocal rank: with ``query_weight`` above
-      1.32 the query's top 20 outrank every step-only fact, so ``top(20)`` is the query-only list).
-    - ``query_share``: the query's share of every prefix under ``"shared"`` and ``"llm"`` (0.5).
-    - ``query_weight``: weight of the query's own hit list under ``"fused"``.
-    - ``answer_context_tokens``: how much of R* (in its order) the answer prompt holds (1500 tokens).
-    - ``budget``: the :class:`Budget` every call runs under (LLM calls, tokens, deadline; no cap by
-      default). A call's own ``budget=`` can only tighten it.
-
-    Savings (each switchable; see :mod:`pgr_core.caches`):
-
-    - ``embedding_cache`` (on): probe texts are embedded once per call and across calls: hygiene and
-      the store share one text → vector cache (the store's own :class:`~pgr_core.caches.CachedEmbedder`
-      when it has one, else one of ``embedding_cache_size`` entries). Results are unchanged. Off, every
-      cache on the call's path passes straight through.
-    - ``phase1_reuse`` (off): a query whose cosine to an earlier one of the same scope and date reaches
-      ``phase1_reuse_threshold`` (0.95) reuses that query's q_A and initial steps (no augmentation or
-      Phase-1 LLM call); the store is probed afresh. At most ``phase1_reuse_max_entries`` (64) per
-      scope, each ``phase1_reuse_ttl_s`` (3600) seconds at most, cleared when the store reports a
-      change in the scope.
-    - ``adaptive`` (``"off"``): skip prospection when the query's own hits already answer a plain
-      factual question, returning the query-only top ``query_only_k``. ``"heuristic"``: a wh-question
-      (when, where, who, which, what, how many...) asking no advice or plan, whose top hit scores at
-      least ``adaptive_min_score`` (0.55); no LLM call at all. ``"llm"``: the augmentation call also
-      says whether its records answer the question (no extra call).
-    """
-
-    top_k: int = 5
-    min_score: float = 0.3
-    augment_top_k: int = 5
-    augment_min_score: float = 0.6
-    delta: int = 5
-    max_rounds: int = 10
-    query_only_k: int = 20
-    window: int = 0
-    max_facts: int | None = None
-    query_top_k: int = 20
-    query_weight: float = 1.5
-    ranking: str = "shared"
-    query_share: float = 0.5
-    answer_context_tokens: int = 1500
-    augment: bool = True
-    hygiene: Hygiene = field(default_factory=Hygiene)
-    budget: Budget = field(default_factory=Budget)
-    embedding_cache: bool = True
-    embedding_cache_size: int = 4096
-    phase1_reuse: bool = False
-    phase1_reuse_threshold: float = 0.95
-    phase1_reuse_ttl_s: float = 3600.0
-    phase1_reuse_max_entries: int = 64
-    adaptive: str = "off"
-    adaptive_min_score: float = 0.55
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "budget", Budget.coerce(self.budget) or Budget())
-        for name in ("augment", "embedding_cache", "phase1_reuse"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidArgumentError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.adaptive not in _ADAPTIVE_MODES:
-            modes = ", ".join(map(repr, _ADAPTIVE_MODES))
-            raise InvalidArgumentError(f"adaptive must be one of {modes}, got {self.adaptive!r}")
-        a = self.adaptive_min_score
-        if isinstance(a, bool) or not isinstance(a, int | float) or not 0.0 <= a <= 1.0:
-            raise InvalidArgumentError(f"adaptive_min_score must be a number in [0, 1], got {a!r}")
-        size = self.embedding_cache_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise InvalidArgumentError(f"embedding_cache_size must be an integer >= 0, got {size!r}")
-        ProspectionCache(  # validates the reuse options
-            threshold=self.phase1_reuse_threshold,
-            max_entries=self.phase1_reuse_max_entries,
-            ttl_s=self.phase1_reuse_ttl_s,
-        )
-        self.probe_params()  # validates top_k, min_score, window
-        SearchParams(self.augment_top_k, self.augment_min_score)
-        SearchParams(self.query_only_k, 0.0)
-        SearchParams(self.query_top_k, 0.0)
-        for name in ("delta", "max_rounds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
-        if self.max_facts is not None and (not isinstance(self.max_facts, int) or self.max_facts < 1):
-            raise InvalidArgumentError(f"max_facts must be None or an integer >= 1, got {self.max_facts!r}")
-        if self.ranking not in RANKINGS:
-            raise InvalidArgumentError(f"ranking must be one of {', '.join(map(repr, RANKINGS))}, got {self.ranking!r}")
-        q = self.query_share
-        if isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 <= q <= 1.0:
-            raise InvalidArgumentError(f"query_share must be a number in [0, 1], got {q!r}")
-        t = self.answer_context_tokens
-        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
-            raise InvalidArgumentError(f"answer_context_tokens must be an integer >= 1, got {t!r}")
-        if not self.query_weight >= 0:
-            raise InvalidArgumentError(f"query_weight must be >= 0, got {self.query_weight!r}")
-
-    def probe_params(self) -> SearchParams:
-        return SearchParams(top_k=self.top_k, min_score=self.min_score, window=self.window)
-
-
-@dataclass
-class Answer:
-    """A prospection-augmented answer (PAG). ``text`` is empty when the LLM failed (``degraded``)."""
-
-    text: str
-    facts: list[FoundFact]
-    retrieval: RetrievalResult
-    degraded: bool = False
-    error: str | None = None
 
 
 def _strategy_prospector(strategy: str | Prospector | None, llm: LLM | None) -> Prospector:
@@ -234,13 +94,7 @@ def _renumbered(steps: Sequence[Step], round_index: int) -> list[Step]:
     ]
 
 
-def _cut(hits: list[Hit], top_k: int, min_score: float) -> list[Hit]:
-    """A probe's hits cut to its own K and τ; a neighbour stays exactly when its anchor does."""
-    kept_anchors = {h.fact.id for h in hits if h.neighbour_of is None and h.rank < top_k and h.score >= min_score}
-    return [h for h in hits if (h.neighbour_of or h.fact.id) in kept_anchors]
-
-
-class PGR:
+class PGR(Savings, Drivers):
     """Prospection-Guided Retrieval over any :class:`~pgr_core.store.Store`.
 
     >>> pgr = PGR(store, llm=OpenAICompatible(base_url=..., model=...), strategy="tot")  # doctest: +SKIP
@@ -404,13 +258,13 @@ class PGR:
             raise ConfigurationError("answer() needs an LLM: pass llm=... to PGR or set PGR_LLM_BASE_URL")
         return query.strip(), Scope.coerce(scope), parse_date(date, what="date")
 
-    def _meter(self, budget: BudgetArg) -> _Meter:
+    def _meter(self, budget: BudgetArg) -> Meter:
         """This call's budget: the instance's, tightened by the call's own (checked here, up front)."""
-        return _Meter(self.config.budget.tightened(Budget.coerce(budget)))
+        return Meter(self.config.budget.tightened(Budget.coerce(budget)))
 
     # ================================================================== the flow
 
-    def _retrieve_flow(self, query: str, scope: Scope, date: datetime | None, meter: _Meter) -> Flow:
+    def _retrieve_flow(self, query: str, scope: Scope, date: datetime | None, meter: Meter) -> Flow:
         trace = Trace(
             query=query,
             strategy=str(self.strategy),
@@ -429,7 +283,7 @@ class PGR:
             trace.degrade("llm_error", exc)
         except StoreError as exc:
             trace.degrade("store_error", exc)
-        except _BudgetStop as stop:
+        except BudgetStop as stop:
             trace.hit_budget(stop.reason, stop.phase)
             trace.stop_reason = stop.reason
         p.trace.intent = p.intent
@@ -440,7 +294,7 @@ class PGR:
             facts = facts[: self.config.query_only_k]
         return RetrievalResult(facts=facts, summary=summary, trace=trace)
 
-    def _run_phases(self, p: Prospection, meter: _Meter) -> Flow:
+    def _run_phases(self, p: Prospection, meter: Meter) -> Flow:
         cfg = self.config
         cache = self.phase1_cache
         version = cache.begin(p.scope) if cache is not None else 0  # before anything reads the store
@@ -490,79 +344,6 @@ class PGR:
                 p.trace.stop_reason = "no_new_probes"
                 return
 
-    # ------------------------------------------------------------------ adaptive mode
-
-    def _lookup(self, p: Prospection) -> Flow:
-        """The query's own top K (the baseline's, window included), read by adaptive mode and, cut to
-        (Ko, τo), by augmentation: one store call serves both. None when the store failed."""
-        cfg = self.config
-        rnd = self._new_round(p, "augment")
-        params = SearchParams(max(cfg.query_only_k, cfg.augment_top_k), 0.0, window=cfg.window)
-        with self._phase(p.trace, "augment"):
-            try:
-                hits = yield from self._search(p, rnd, [Probe(p.query, "query")], params, count=False)
-            except StoreError as exc:  # Phase 1 still probes the query: the store may answer that
-                p.trace.degrade("store_error", exc)
-                return None
-        return rnd, hits[0]
-
-    def _heuristic(self, query: str, hits: list[Hit]) -> Adaptive:
-        """Skip when the query is a plain factual wh-question and its top hit scores high enough."""
-        threshold = self.config.adaptive_min_score
-        top = max((h.score for h in hits if h.neighbour_of is None), default=None)
-        opener = _FACTUAL.match(query.strip())
-        if opener is None:
-            return Adaptive("heuristic", False, "not a wh-question of fact (when, where, who, which, what...)", top)
-        advice = _NOT_PLAIN.search(query)
-        if advice is not None:
-            return Adaptive("heuristic", False, f"asks for more than a fact ({advice.group(0).lower()!r})", top)
-        if top is None:
-            return Adaptive("heuristic", False, "the query found nothing", top)
-        if top < threshold:
-            return Adaptive("heuristic", False, f"top hit scores {top:.3f} < {threshold:g}", top)
-        why = f"plain factual question ({opener.group(1).lower()!r}), top hit {top:.3f} >= {threshold:g}"
-        return Adaptive("heuristic", True, why, top)
-
-    def _llm_decision(self, p: Prospection, reused: Reusable | None) -> Adaptive:
-        top = p.context_top
-        if reused is not None:
-            return Adaptive("llm", False, "a near-identical query's Phase 1 was reused (no augmentation call)", top)
-        if not p.ask_answered:
-            return Adaptive("llm", False, "no augmentation call to ask (LLM-free prospector or augment=False)", top)
-        if p.answered is None:
-            return Adaptive("llm", False, "the augmentation call gave no verdict", top)
-        if not p.answered:
-            return Adaptive("llm", False, "the LLM found the records do not answer the question", top)
-        return Adaptive("llm", True, "the LLM found the records already answer the question", top)
-
-    def _keep_query_hits(self, p: Prospection, rnd: Round, hits: list[Hit]) -> None:
-        """Adaptive skip: R is the query's top K, exactly what :meth:`query_only` returns."""
-        self._merge(p, rnd, rnd.probes[0], _cut(hits, self.config.query_only_k, 0.0))
-        p.trace.stop_reason = "adaptive_skip"
-
-    # ------------------------------------------------------------------ Phase-1 reuse
-
-    def _reusable(self, p: Prospection) -> Reusable | None:
-        """An earlier Phase-1 prospection of this scope and date for a near-identical query, if any."""
-        cache = self.phase1_cache
-        if cache is None or self.embedder is None:
-            return None
-        try:
-            with self._embeds(p.trace, "augment"):
-                p.query_vector = self.embedder.embed([p.query])[0]
-        except Exception as exc:  # no reuse then; the call goes on as usual
-            p.trace.errors.append(f"phase1_reuse: {type(exc).__name__}: {exc}")
-            return None
-        return cache.lookup(p.scope, p.date_text(), p.query_vector)
-
-    def _remember(self, p: Prospection, cache: ProspectionCache, version: int) -> None:
-        """Keep this call's Phase 1 when it is whole: q_A and steps from the prospector, nothing cut."""
-        initial = next((r for r in p.trace.rounds if r.phase == "initial"), None)
-        if initial is None or not initial.steps or p.trace.degraded or p.trace.budget_hit:
-            return
-        assert p.query_vector is not None
-        cache.put(p.scope, p.date_text(), p.query, p.query_vector, p.intent, initial.steps, version=version)
-
     # ------------------------------------------------------------------ the paper's phases
 
     def _augment(self, p: Prospection, context: list[Hit] | None = None) -> Flow:
@@ -580,14 +361,15 @@ class PGR:
                     p.trace.degrade("store_error", exc)
                     return p.query
             else:
-                hits = [h for h in _cut(context, cfg.augment_top_k, cfg.augment_min_score) if h.neighbour_of is None]
+                hits = cut_hits(context, cfg.augment_top_k, cfg.augment_min_score)
+                hits = [h for h in hits if h.neighbour_of is None]
             p.context_top = max((h.score for h in hits), default=None)
             try:
                 intent = yield from self.prospector.augment(p, hits)
             except LLMError as exc:
                 p.trace.degrade("llm_error", exc)
                 return p.query
-            except _BudgetStop as stop:
+            except BudgetStop as stop:
                 p.trace.hit_budget(stop.reason, stop.phase)
                 return p.query
         return " ".join(str(intent).split())[:_MAX_INTENT_CHARS] or p.query
@@ -605,7 +387,7 @@ class PGR:
                     steps = yield from self.prospector.initial(p)
                 except LLMError as exc:
                     p.trace.degrade("llm_error", exc)
-                except _BudgetStop as stop:
+                except BudgetStop as stop:
                     p.trace.hit_budget(stop.reason, stop.phase)
             # the query is always probed, so a degraded result still holds its hits
             rnd.prospect_seconds = time.perf_counter() - t0
@@ -674,7 +456,7 @@ class PGR:
                 if p.want_choice:
                     p.trace.ranking_fallback = "the summary call failed"
                 return plain_summary(p)
-            except _BudgetStop as stop:  # the rounds ended on their own: stop_reason keeps why
+            except BudgetStop as stop:  # the rounds ended on their own: stop_reason keeps why
                 p.trace.hit_budget(stop.reason, stop.phase)
                 if p.want_choice:
                     p.trace.ranking_fallback = f"no summary call ({stop.reason})"
@@ -716,7 +498,7 @@ class PGR:
         facts = sorted(p.found.values(), key=lambda f: -f.rank_score)
         return RetrievalResult(facts=facts[:k], summary="", trace=trace)
 
-    def _answer_flow(self, query: str, scope: Scope, date: datetime | None, meter: _Meter) -> Flow:
+    def _answer_flow(self, query: str, scope: Scope, date: datetime | None, meter: Meter) -> Flow:
         meter.reserved_calls, meter.reserved_tokens = 1, _ANSWER_TOKENS  # retrieval leaves room to answer
         result = yield from self._retrieve_flow(query, scope, date, meter)
         meter.reserved_calls = meter.reserved_tokens = 0
@@ -738,7 +520,7 @@ class PGR:
         except LLMError as exc:
             result.trace.errors.append(f"answer: {type(exc).__name__}: {exc}")
             return Answer(text="", facts=facts, retrieval=result, degraded=True, error=str(exc))
-        except _BudgetStop as stop:
+        except BudgetStop as stop:
             result.trace.hit_budget(stop.reason, stop.phase)
             return Answer(text="", facts=facts, retrieval=result, degraded=True, error=f"{stop.reason}: {stop}")
         return Answer(text=completion.text.strip(), facts=facts, retrieval=result, degraded=result.degraded)
@@ -791,7 +573,7 @@ class PGR:
             p.trace.usage.add(spent)
             p.trace.usage_by_phase.setdefault(rnd.phase, Usage()).add(spent)
         if limits is not None:
-            hit_lists = [_cut(hits, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)]
+            hit_lists = [cut_hits(hits, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)]
         for probe, hits in zip(probes, hit_lists, strict=True):
             probe.hits = [(h.fact.id, round(h.score, 6)) for h in hits if h.neighbour_of is None]
             probe.neighbours = [h.fact.id for h in hits if h.neighbour_of is not None]
@@ -871,192 +653,3 @@ class PGR:
             yield
         finally:
             trace.seconds_by_phase[phase] = trace.seconds_by_phase.get(phase, 0.0) + time.perf_counter() - t0
-
-    # ================================================================== drivers
-
-    def _drive(self, flow: Flow, meter: _Meter | None = None) -> Any:
-        """Run a flow with blocking calls (its embeddings counted, and cached or not, as configured)."""
-        meter = meter or _Meter(Budget())
-        to_send: Any = None
-        to_throw: BaseException | None = None
-        with counting_embeddings(use_cache=self.config.embedding_cache):
-            while True:
-                try:
-                    effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
-                except StopIteration as stop:
-                    return stop.value
-                to_send, to_throw = None, None
-                try:
-                    if isinstance(effect, Search):
-                        to_send = self.store._checked_search(effect.probes, effect.scope, effect.params)
-                    else:
-                        meter.admit(effect)
-                        with self._billing(effect) as box:
-                            box.append(self._ask(effect, meter.time_left()))
-                        to_send = box[0]
-                except (LLMError, StoreError, _BudgetStop) as exc:
-                    to_throw = meter.explain(exc, effect)
-
-    async def _adrive(self, flow: Flow, meter: _Meter | None = None) -> Any:
-        """Run a flow with awaitable calls. The embedding count lives in this task's context, and worker
-        threads of ``asyncio.to_thread`` inherit it, so concurrent calls never mix their counts."""
-        meter = meter or _Meter(Budget())
-        to_send: Any = None
-        to_throw: BaseException | None = None
-        with counting_embeddings(use_cache=self.config.embedding_cache):
-            while True:
-                try:
-                    effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
-                except StopIteration as stop:
-                    return stop.value
-                to_send, to_throw = None, None
-                try:
-                    if isinstance(effect, Search):
-                        to_send = await self.store._achecked_search(effect.probes, effect.scope, effect.params)
-                    else:
-                        meter.admit(effect)
-                        with self._billing(effect) as box:
-                            box.append(await self._aask(effect, meter.time_left()))
-                        to_send = box[0]
-                except (LLMError, StoreError, _BudgetStop) as exc:
-                    to_throw = meter.explain(exc, effect)
-
-    def _ask(self, effect: Ask, time_left: float | None) -> Completion:
-        """One blocking LLM call, bounded by the time the deadline leaves (None: unbounded)."""
-        llm = self._llm()
-
-        def call(**extra: Any) -> Completion:
-            return llm.complete(effect.messages, schema=effect.schema, max_tokens=effect.max_tokens, **extra)
-
-        if time_left is None:
-            return _completion(call(), llm)
-        if llm.accepts_timeout:
-            return _completion(call(timeout=time_left), llm)
-        return _completion(_abandon_after(time_left, call), llm)
-
-    async def _aask(self, effect: Ask, time_left: float | None) -> Completion:
-        """One awaited LLM call; past the deadline the await is abandoned (the call is cancelled)."""
-        llm = self._llm()
-        extra: dict[str, Any] = {"timeout": time_left} if time_left is not None and llm.accepts_timeout else {}
-        call = llm.acomplete(effect.messages, schema=effect.schema, max_tokens=effect.max_tokens, **extra)
-        if time_left is None:
-            return _completion(await call, llm)
-        try:
-            return _completion(await asyncio.wait_for(call, time_left), llm)
-        except TimeoutError:
-            raise LLMTimeoutError(
-                f"no answer in the {time_left:.3g}s the deadline left; the call was abandoned"
-            ) from None
-
-    def _llm(self) -> LLM:
-        if self.llm is None:  # a prospector that needs an LLM is refused at construction
-            raise ConfigurationError("this step needs an LLM: pass llm=... to PGR")
-        return self.llm
-
-    @contextmanager
-    def _billing(self, effect: Ask) -> Iterator[list[Completion]]:
-        """Time one LLM call and bill it to the trace; a custom LLM's own exception becomes LLMError."""
-        t0, box = time.perf_counter(), list[Completion]()
-        try:
-            yield box
-        except LLMError:
-            self._bill(effect, None, time.perf_counter() - t0)
-            raise
-        except Exception as exc:
-            self._bill(effect, None, time.perf_counter() - t0)
-            raise LLMError(f"{type(exc).__name__}: {exc}") from exc
-        self._bill(effect, box[0] if box else None, time.perf_counter() - t0)
-
-    @staticmethod
-    def _bill(effect: Ask, completion: Completion | None, seconds: float) -> None:
-        """Count one LLM call (failed ones too) in the trace, overall and for its phase."""
-        spent = Usage(llm_calls=1, seconds=seconds)
-        if completion is not None:
-            spent.prompt_tokens = completion.usage.prompt_tokens
-            spent.completion_tokens = completion.usage.completion_tokens
-        effect.trace.usage.add(spent)
-        effect.trace.usage_by_phase.setdefault(effect.phase, Usage()).add(spent)
-
-
-# ====================================================================== budgets
-
-
-class _BudgetStop(Exception):
-    """Thrown into the flow when a cap refuses an LLM call; the phase that asked catches it."""
-
-    def __init__(self, reason: BudgetReason, phase: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason: BudgetReason = reason
-        self.phase = phase
-
-
-class _Meter:
-    """One call's budget and what is left of it. Spending is read from the call's own trace."""
-
-    def __init__(self, budget: Budget) -> None:
-        self.budget = budget
-        self.started = time.perf_counter()
-        self.reserved_calls = 0  # kept back for the answer while retrieving
-        self.reserved_tokens = 0
-
-    def time_left(self) -> float | None:
-        if self.budget.deadline_s is None:
-            return None
-        return self.budget.deadline_s - (time.perf_counter() - self.started)
-
-    def expired(self) -> bool:
-        left = self.time_left()
-        return left is not None and left <= 0
-
-    def admit(self, effect: Ask) -> None:
-        """Raise :class:`_BudgetStop` unless the LLM call ``effect`` fits in what is left."""
-        b, spent = self.budget, effect.trace.usage
-        if self.expired():
-            raise _BudgetStop("deadline", effect.phase, f"the {b.deadline_s:g}s deadline passed")
-        if b.max_llm_calls is not None and spent.llm_calls + 1 + self.reserved_calls > b.max_llm_calls:
-            raise _BudgetStop(
-                "budget_llm_calls", effect.phase, f"{spent.llm_calls} of {b.max_llm_calls} LLM calls spent"
-            )
-        if b.max_tokens is not None:
-            need = CallUsage.estimate(effect.messages, "").prompt_tokens + effect.max_tokens
-            if spent.total_tokens + need + self.reserved_tokens > b.max_tokens:
-                raise _BudgetStop(
-                    "budget_tokens",
-                    effect.phase,
-                    f"{spent.total_tokens} of {b.max_tokens} tokens spent; the next call may take {need}",
-                )
-
-    def explain(self, exc: BaseException, effect: Search | Ask) -> BaseException:
-        """An LLM failure once the deadline has passed is the deadline's doing."""
-        if isinstance(exc, LLMError) and isinstance(effect, Ask) and self.expired():
-            return _BudgetStop("deadline", effect.phase, f"the {self.budget.deadline_s:g}s deadline passed ({exc})")
-        return exc
-
-
-def _completion(value: object, llm: LLM) -> Completion:
-    if not isinstance(value, Completion):
-        raise LLMError(f"{llm!r} returned a {type(value).__name__}, not a Completion")
-    return value
-
-
-def _abandon_after(seconds: float, call: Callable[[], Completion]) -> Completion:
-    """Run a blocking call in a daemon thread and stop waiting after ``seconds``: for LLM clients that
-    take no timeout. An abandoned call runs on in the background; its reply is dropped."""
-    box: list[tuple[bool, Any]] = []
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            box.append((True, call()))
-        except BaseException as exc:  # handed to the waiting thread, never lost
-            box.append((False, exc))
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="pgr-llm-call", daemon=True).start()
-    if not done.wait(max(seconds, 0.0)):
-        raise LLMTimeoutError(_ABANDONED.format(seconds=seconds))
-    ok, value = box[0]
-    if ok:
-        return value  # type: ignore[no-any-return]
-    raise value

@@ -111,13 +111,19 @@ class Prospection:
         for found in facts[:limit] if limit is not None else facts:
             fact = found.fact
             when = _newer(fact.date, fact.updated_at)
-            age = relative_age(when, self.date) if when and self.date else (when.date().isoformat() if when else "undated")
+            age = (
+                relative_age(when, self.date)
+                if when and self.date
+                else (when.date().isoformat() if when else "undated")
+            )
             text = self._quoted.get(fact.id)
             if text is None:  # the same facts come back in every round's prompt: quote each once per call
                 text = self._quoted[fact.id] = quoted(fact.text, 1000)
             step = ""
             if with_step:
-                step = f' step="{_safe_id(found.step_id) or "request"}"' + (' via="window"' if found.via == "neighbour" else "")
+                step = f' step="{_safe_id(found.step_id) or "request"}"' + (
+                    ' via="window"' if found.via == "neighbour" else ""
+                )
             line = f'<record id="{label}{len(lines) + 1}"{step} noted="{age}">{text}</record>'
             cost = len(line) // 4 + 1
             if max_tokens is not None and used + cost > max_tokens and lines:
@@ -422,9 +428,10 @@ class LLMProspector(Prospector):
         """P_ref(q_A, R, S): the plan revised in the light of what its probes found.
 
         The prompt holds the plan with its ids, then the records: what step probes found in the last
-        round (Δ) first, then the rest of what step probes found, then the request's own hits, each with its age and the step
-        that found it, within ``context_tokens``. The reply is the whole plan: a step kept or rewritten
-        keeps its id (and, in a tree, its parent unless a new one is given); one left out is pruned.
+        round (Δ) first, then the rest of what step probes found, then the request's own hits, each
+        with its age and the step that found it, within ``context_tokens``. The reply is the whole
+        plan: a step kept or rewritten keeps its id (in a tree, its parent unless a new one is given);
+        one left out is pruned. A reply that names no step of the plan only adds to it.
         """
         plan = p.plan or p.steps
         steps_text = (
@@ -459,7 +466,9 @@ class LLMProspector(Prospector):
             )
             hint = " A new step may go under any step of the plan: give that step's id as its parent."
         else:
-            fmt = '{"steps": [{"id": "<an id above, or new>", "action": "<step>", "dimension": "<one dimension>"}, ...]}'
+            fmt = (
+                '{"steps": [{"id": "<an id above, or new>", "action": "<step>", "dimension": "<one dimension>"}, ...]}'
+            )
             hint = ""
         text = render(
             "revise",
@@ -487,7 +496,9 @@ class LLMProspector(Prospector):
         shown: list[str] = []
         records = p.memory_lines(ranked, max_tokens=self.summary_tokens, label="r", with_step=True, shown=shown)
         p.summary_shown = shown
-        plan = "\n".join(f"- id {_safe_id(s.id)}: {quoted(s.text, _MAX_STEP_CHARS)}" for s in steps.values()) or "(none)"
+        plan = (
+            "\n".join(f"- id {_safe_id(s.id)}: {quoted(s.text, _MAX_STEP_CHARS)}" for s in steps.values()) or "(none)"
+        )
         choose = p.want_choice
         text = render(
             "summary",
@@ -568,8 +579,14 @@ class LLMProspector(Prospector):
                 step = Step(id=f"r{p.round}.{added}", text=text, dimension=dim, round=p.round, status="added")
             if self.strategy == "tot" and isinstance(item, Mapping) and "parent" in item:
                 raw_parent = item.get("parent")
-                parent = (local.get(str(raw_parent).lower()) or known.get(str(raw_parent).lower())) if raw_parent else None
-                step.parent = parent.id if parent is not None and parent.id != step.id else (None if raw_parent is None else step.parent)
+                parent = (
+                    (local.get(str(raw_parent).lower()) or known.get(str(raw_parent).lower())) if raw_parent else None
+                )
+                step.parent = (
+                    parent.id
+                    if parent is not None and parent.id != step.id
+                    else (None if raw_parent is None else step.parent)
+                )
             elif self.strategy == "cot" and old is None:
                 step.parent = out[-1].id if out else (plan[-1].id if plan else None)
             if raw_id:
@@ -592,6 +609,7 @@ class LLMProspector(Prospector):
                 step.children = list(dict.fromkeys([*(old.children if old else []), *step.children]))
         return out
 
+
 # --------------------------------------------------------------------------- LLM-free prospection
 
 
@@ -609,6 +627,7 @@ class NoProspection(Prospector):
     def revise(self, p: Prospection, new: list[FoundFact]) -> Flow:
         return []
         yield  # pragma: no cover
+
 
 _STOP = frozenset(
     """a about above after again against all am an and any are as at be because been before being below

@@ -111,9 +111,7 @@ class Choice:
     fallback: str | None = None  # None: the choice was used
 
 
-def choose(
-    reply: object, shown: Sequence[str], *, min_chosen: int = 3, known: Iterable[str] = ()
-) -> Choice:
+def choose(reply: object, shown: Sequence[str], *, min_chosen: int = 3, known: Iterable[str] = ()) -> Choice:
     """Read the ids a summary reply named (record labels like ``"r3"`` or 3, or fact ids) against the
     records it was shown (``shown``: fact ids in the order given). A non-choice falls back.
 

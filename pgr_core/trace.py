@@ -7,7 +7,18 @@ from typing import Any, Literal
 
 from .types import Fact
 
-__all__ = ["Adaptive", "DroppedProbe", "FoundFact", "Probe", "RetrievalResult", "Round", "Step", "Trace", "Usage"]
+__all__ = [
+    "Adaptive",
+    "Answer",
+    "DroppedProbe",
+    "FoundFact",
+    "Probe",
+    "RetrievalResult",
+    "Round",
+    "Step",
+    "Trace",
+    "Usage",
+]
 
 Phase = Literal["augment", "initial", "personalized", "query_only", "summary", "answer"]
 StopReason = Literal[
@@ -263,3 +274,14 @@ class RetrievalResult:
             "summary": self.summary,
             "trace": self.trace.to_dict(),
         }
+
+
+@dataclass
+class Answer:
+    """A prospection-augmented answer (PAG). ``text`` is empty when the LLM failed (``degraded``)."""
+
+    text: str
+    facts: list[FoundFact]
+    retrieval: RetrievalResult
+    degraded: bool = False
+    error: str | None = None

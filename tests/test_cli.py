@@ -22,7 +22,7 @@ def no_llm(monkeypatch: pytest.MonkeyPatch) -> None:
 def _demo_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
     assert main(["demo", "--json", *args]) == 0
     out, err = capsys.readouterr()
-    assert "No LLM configured" in err and "FacetProspector" in err
+    assert "No LLM configured" in err and "facet prospector" in err
     return json.loads(out)
 
 
@@ -51,7 +51,7 @@ def test_demo_offline_finds_what_query_only_misses(capsys: pytest.CaptureFixture
 def test_demo_text_output_prints_side_by_side(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["demo", "--embedder", "hashing", "--html", str(tmp_path / "t.html")]) == 0
     out = capsys.readouterr().out
-    assert out.count("=== ") == 3 and "query-only (top 20)" in out and "Prospection tree:" in out
+    assert out.count("=== ") == 3 and "at 20 facts each: query-only" in out and "Prospection tree:" in out
     assert f"Trace page: {(tmp_path / 't.html').resolve()}" in out
 
 
@@ -75,7 +75,7 @@ def test_retrieve_on_a_saved_store(capsys: pytest.CaptureFixture[str], tmp_path:
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["facts"] and all(f["scope"] == {"user_id": "maya"} for f in result["facts"])
-    assert result["trace"]["prospector"] == "facet" and result["trace"]["date"].startswith("2025-05-01")
+    assert result["trace"]["prospector"] == "none" and result["trace"]["date"].startswith("2025-05-01")
     # another user sees nothing of maya's
     assert main([*args[:4], "--user", "someone-else", *args[6:]]) == 0
     assert json.loads(capsys.readouterr().out)["facts"] == []

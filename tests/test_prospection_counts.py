@@ -122,9 +122,7 @@ def test_a_reply_naming_no_step_of_the_plan_only_adds() -> None:
         {"steps": []},
         {"summary": "s"},
     ]
-    result = PGR(far_store(), llm=ScriptedLLM(replies), strategy="cot", min_score=0.1, delta=1).retrieve(
-        QUERY, scope=U
-    )
+    result = PGR(far_store(), llm=ScriptedLLM(replies), strategy="cot", min_score=0.1, delta=1).retrieve(QUERY, scope=U)
     rnd = result.trace.rounds[2]
     assert rnd.pruned == [] and rnd.kept == ["r1.1", "r1.2"]
     added = [s for s in rnd.steps if s.status == "added"]

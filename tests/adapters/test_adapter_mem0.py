@@ -243,7 +243,7 @@ def test_aware_dates_stay_aware(new_memory: Callable[..., Any]) -> None:
 
 def test_drop_in_search_finds_what_plain_search_misses(memory: Any) -> None:
     plain = memory.search(SOCCER, filters={"user_id": "alice"}, top_k=5)
-    ours = Mem0Store(memory).search(SOCCER, filters={"user_id": "alice"}, top_k=5, explain=True)
+    ours = Mem0Store(memory, strategy="facet").search(SOCCER, filters={"user_id": "alice"}, top_k=5, explain=True)
 
     assert set(ours) == {"results"}
     first = ours["results"][0]
@@ -261,9 +261,9 @@ def test_drop_in_search_finds_what_plain_search_misses(memory: Any) -> None:
 
 def test_drop_in_search_returns_at_most_top_k_results(memory: Any) -> None:
     """top_k caps the answer as in mem0: the head of PGR's own ranking, though prospection found more."""
-    store = Mem0Store(memory)
+    store = Mem0Store(memory, strategy="facet")
     for top_k in (1, 3):
-        ranked = PGR(store, query_top_k=top_k).retrieve(SOCCER, scope=ALICE).facts  # what the drop-in runs
+        ranked = PGR(store, strategy="facet", query_top_k=top_k).retrieve(SOCCER, scope=ALICE).facts  # the drop-in's
         assert len(ranked) > top_k  # prospection found more than top_k facts: they all used to come back
         head = [f.fact.id for f in ranked if f.score >= 0.1][:top_k]  # mem0's default threshold, then the cut
         ours = store.search(SOCCER, filters={"user_id": "alice"}, top_k=top_k)["results"]
@@ -278,7 +278,7 @@ def test_drop_in_search_returns_at_most_top_k_results(memory: Any) -> None:
 
 
 def test_drop_in_search_takes_mem0s_arguments(memory: Any) -> None:
-    store = Mem0Store(memory)
+    store = Mem0Store(memory, strategy="facet")  # LLM-free prospection: facts above the query's own scores
     with pytest.raises(ScopeError, match="filters"):
         store.search(SOCCER, user_id="alice")  # mem0 2.x rejects top-level ids too
     with pytest.raises(ScopeError):

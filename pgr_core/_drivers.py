@@ -1,0 +1,168 @@
+"""The two drivers of a flow (see :mod:`pgr_core._effects`): one performs its effects with blocking
+calls, one with awaitable calls, so the sync and async APIs share one flow. They also keep the call's
+budget (:mod:`pgr_core._budget`) and bill every LLM call to the trace."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ._budget import BudgetStop, Meter
+from ._effects import Ask, Flow, Search
+from .caches import counting_embeddings
+from .errors import ConfigurationError, LLMError, LLMTimeoutError, StoreError
+from .llm import LLM, Completion
+from .trace import Usage
+from .types import Budget
+
+if TYPE_CHECKING:
+    from .config import PGRConfig
+    from .store import Store
+
+__all__ = ["Drivers"]
+
+_ABANDONED = "no answer in the {seconds:.3g}s the deadline left; the call was abandoned"
+
+
+class Drivers:
+    """Mixed into :class:`~pgr_core.policy.PGR`: runs its flows against its store and LLM."""
+
+    store: Store
+    llm: LLM | None
+    config: PGRConfig
+
+    def _drive(self, flow: Flow, meter: Meter | None = None) -> Any:
+        """Run a flow with blocking calls (its embeddings counted, and cached or not, as configured)."""
+        meter = meter or Meter(Budget())
+        to_send: Any = None
+        to_throw: BaseException | None = None
+        with counting_embeddings(use_cache=self.config.embedding_cache):
+            while True:
+                try:
+                    effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
+                except StopIteration as stop:
+                    return stop.value
+                to_send, to_throw = None, None
+                try:
+                    if isinstance(effect, Search):
+                        to_send = self.store._checked_search(effect.probes, effect.scope, effect.params)
+                    else:
+                        meter.admit(effect)
+                        with self._billing(effect) as box:
+                            box.append(self._ask(effect, meter.time_left()))
+                        to_send = box[0]
+                except (LLMError, StoreError, BudgetStop) as exc:
+                    to_throw = meter.explain(exc, effect)
+
+    async def _adrive(self, flow: Flow, meter: Meter | None = None) -> Any:
+        """Run a flow with awaitable calls. The embedding count lives in this task's context, and worker
+        threads of ``asyncio.to_thread`` inherit it, so concurrent calls never mix their counts."""
+        meter = meter or Meter(Budget())
+        to_send: Any = None
+        to_throw: BaseException | None = None
+        with counting_embeddings(use_cache=self.config.embedding_cache):
+            while True:
+                try:
+                    effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
+                except StopIteration as stop:
+                    return stop.value
+                to_send, to_throw = None, None
+                try:
+                    if isinstance(effect, Search):
+                        to_send = await self.store._achecked_search(effect.probes, effect.scope, effect.params)
+                    else:
+                        meter.admit(effect)
+                        with self._billing(effect) as box:
+                            box.append(await self._aask(effect, meter.time_left()))
+                        to_send = box[0]
+                except (LLMError, StoreError, BudgetStop) as exc:
+                    to_throw = meter.explain(exc, effect)
+
+    def _ask(self, effect: Ask, time_left: float | None) -> Completion:
+        """One blocking LLM call, bounded by the time the deadline leaves (None: unbounded)."""
+        llm = self._llm()
+
+        def call(**extra: Any) -> Completion:
+            return llm.complete(effect.messages, schema=effect.schema, max_tokens=effect.max_tokens, **extra)
+
+        if time_left is None:
+            return _completion(call(), llm)
+        if llm.accepts_timeout:
+            return _completion(call(timeout=time_left), llm)
+        return _completion(_abandon_after(time_left, call), llm)
+
+    async def _aask(self, effect: Ask, time_left: float | None) -> Completion:
+        """One awaited LLM call; past the deadline the await is abandoned (the call is cancelled)."""
+        llm = self._llm()
+        extra: dict[str, Any] = {"timeout": time_left} if time_left is not None and llm.accepts_timeout else {}
+        call = llm.acomplete(effect.messages, schema=effect.schema, max_tokens=effect.max_tokens, **extra)
+        if time_left is None:
+            return _completion(await call, llm)
+        try:
+            return _completion(await asyncio.wait_for(call, time_left), llm)
+        except TimeoutError:
+            raise LLMTimeoutError(
+                f"no answer in the {time_left:.3g}s the deadline left; the call was abandoned"
+            ) from None
+
+    def _llm(self) -> LLM:
+        if self.llm is None:  # a prospector that needs an LLM is refused at construction
+            raise ConfigurationError("this step needs an LLM: pass llm=... to PGR")
+        return self.llm
+
+    @contextmanager
+    def _billing(self, effect: Ask) -> Iterator[list[Completion]]:
+        """Time one LLM call and bill it to the trace; a custom LLM's own exception becomes LLMError."""
+        t0, box = time.perf_counter(), list[Completion]()
+        try:
+            yield box
+        except LLMError:
+            self._bill(effect, None, time.perf_counter() - t0)
+            raise
+        except Exception as exc:
+            self._bill(effect, None, time.perf_counter() - t0)
+            raise LLMError(f"{type(exc).__name__}: {exc}") from exc
+        self._bill(effect, box[0] if box else None, time.perf_counter() - t0)
+
+    @staticmethod
+    def _bill(effect: Ask, completion: Completion | None, seconds: float) -> None:
+        """Count one LLM call (failed ones too) in the trace, overall and for its phase."""
+        spent = Usage(llm_calls=1, seconds=seconds)
+        if completion is not None:
+            spent.prompt_tokens = completion.usage.prompt_tokens
+            spent.completion_tokens = completion.usage.completion_tokens
+        effect.trace.usage.add(spent)
+        effect.trace.usage_by_phase.setdefault(effect.phase, Usage()).add(spent)
+
+
+def _completion(value: object, llm: LLM) -> Completion:
+    if not isinstance(value, Completion):
+        raise LLMError(f"{llm!r} returned a {type(value).__name__}, not a Completion")
+    return value
+
+
+def _abandon_after(seconds: float, call: Callable[[], Completion]) -> Completion:
+    """Run a blocking call in a daemon thread and stop waiting after ``seconds``: for LLM clients that
+    take no timeout. An abandoned call runs on in the background; its reply is dropped."""
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append((True, call()))
+        except BaseException as exc:  # handed to the waiting thread, never lost
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="pgr-llm-call", daemon=True).start()
+    if not done.wait(max(seconds, 0.0)):
+        raise LLMTimeoutError(_ABANDONED.format(seconds=seconds))
+    ok, value = box[0]
+    if ok:
+        return value  # type: ignore[no-any-return]
+    raise value

@@ -1,0 +1,128 @@
+"""The policy's parameters (:class:`PGRConfig`), each checked on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .caches import ProspectionCache
+from .errors import InvalidArgumentError
+from .hygiene import Hygiene
+from .ranking import RANKINGS
+from .types import Budget, SearchParams
+
+__all__ = ["ADAPTIVE_MODES", "PGRConfig"]
+
+ADAPTIVE_MODES = ("off", "heuristic", "llm")
+
+
+@dataclass(frozen=True)
+class PGRConfig:
+    """The policy's parameters, with the paper's defaults. Every value is checked on construction.
+
+    - ``top_k`` / ``min_score``: K and τ per probe (5, 0.3).
+    - ``augment_top_k`` / ``augment_min_score``: Ko and τo of the augmentation lookup (5, 0.6).
+    - ``delta``: δ, stop when a round adds fewer new facts (5).
+    - ``max_rounds``: I_max, the most Phase-2 rounds (10).
+    - ``query_only_k``: K of the query-only baseline (20).
+    - ``window``: temporal window w (±w turns around each hit, for stores that keep turn order).
+    - ``max_facts``: cut R* to this many facts, neighbours included (None: keep all).
+    - ``query_top_k``: K of the query's own probe in Phase 1 (20, the baseline's K, so the query's
+      list can fill its share of any budget up to 40; the paper probes every text with K = 5).
+    - ``ranking``: how R* is ordered for a budget (see :mod:`pgr_core.ranking`): ``"shared"`` (the
+      default: every prefix of R* gives the query's own list ``query_share`` of its slots and the
+      step probes the rest, round-robin, facts several probes found first), ``"llm"`` (the summary
+      call names the records that matter; they lead, the shared order fills the rest; a non-choice
+      falls back to it) or ``"fused"`` (best weighted reciprocal rank: with ``query_weight`` above
+      1.32 the query's top 20 outrank every step-only fact, so ``top(20)`` is the query-only list).
+    - ``query_share``: the query's share of every prefix under ``"shared"`` and ``"llm"`` (0.5).
+    - ``query_weight``: weight of the query's own hit list under ``"fused"``.
+    - ``answer_context_tokens``: how much of R* (in its order) the answer prompt holds (1500 tokens).
+    - ``budget``: the :class:`Budget` every call runs under (LLM calls, tokens, deadline; no cap by
+      default). A call's own ``budget=`` can only tighten it.
+
+    Savings (each switchable; see :mod:`pgr_core.caches`):
+
+    - ``embedding_cache`` (on): probe texts are embedded once per call and across calls: hygiene and
+      the store share one text → vector cache (the store's own :class:`~pgr_core.caches.CachedEmbedder`
+      when it has one, else one of ``embedding_cache_size`` entries). Results are unchanged. Off, every
+      cache on the call's path passes straight through.
+    - ``phase1_reuse`` (off): a query whose cosine to an earlier one of the same scope and date reaches
+      ``phase1_reuse_threshold`` (0.95) reuses that query's q_A and initial steps (no augmentation or
+      Phase-1 LLM call); the store is probed afresh. At most ``phase1_reuse_max_entries`` (64) per
+      scope, each ``phase1_reuse_ttl_s`` (3600) seconds at most, cleared when the store reports a
+      change in the scope.
+    - ``adaptive`` (``"off"``): skip prospection when the query's own hits already answer a plain
+      factual question, returning the query-only top ``query_only_k``. ``"heuristic"``: a wh-question
+      (when, where, who, which, what, how many...) asking no advice or plan, whose top hit scores at
+      least ``adaptive_min_score`` (0.55); no LLM call at all. ``"llm"``: the augmentation call also
+      says whether its records answer the question (no extra call).
+    """
+
+    top_k: int = 5
+    min_score: float = 0.3
+    augment_top_k: int = 5
+    augment_min_score: float = 0.6
+    delta: int = 5
+    max_rounds: int = 10
+    query_only_k: int = 20
+    window: int = 0
+    max_facts: int | None = None
+    query_top_k: int = 20
+    query_weight: float = 1.5
+    ranking: str = "shared"
+    query_share: float = 0.5
+    answer_context_tokens: int = 1500
+    augment: bool = True
+    hygiene: Hygiene = field(default_factory=Hygiene)
+    budget: Budget = field(default_factory=Budget)
+    embedding_cache: bool = True
+    embedding_cache_size: int = 4096
+    phase1_reuse: bool = False
+    phase1_reuse_threshold: float = 0.95
+    phase1_reuse_ttl_s: float = 3600.0
+    phase1_reuse_max_entries: int = 64
+    adaptive: str = "off"
+    adaptive_min_score: float = 0.55
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "budget", Budget.coerce(self.budget) or Budget())
+        for name in ("augment", "embedding_cache", "phase1_reuse"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgumentError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.adaptive not in ADAPTIVE_MODES:
+            modes = ", ".join(map(repr, ADAPTIVE_MODES))
+            raise InvalidArgumentError(f"adaptive must be one of {modes}, got {self.adaptive!r}")
+        a = self.adaptive_min_score
+        if isinstance(a, bool) or not isinstance(a, int | float) or not 0.0 <= a <= 1.0:
+            raise InvalidArgumentError(f"adaptive_min_score must be a number in [0, 1], got {a!r}")
+        size = self.embedding_cache_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InvalidArgumentError(f"embedding_cache_size must be an integer >= 0, got {size!r}")
+        ProspectionCache(  # validates the reuse options
+            threshold=self.phase1_reuse_threshold,
+            max_entries=self.phase1_reuse_max_entries,
+            ttl_s=self.phase1_reuse_ttl_s,
+        )
+        self.probe_params()  # validates top_k, min_score, window
+        SearchParams(self.augment_top_k, self.augment_min_score)
+        SearchParams(self.query_only_k, 0.0)
+        SearchParams(self.query_top_k, 0.0)
+        for name in ("delta", "max_rounds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.max_facts is not None and (not isinstance(self.max_facts, int) or self.max_facts < 1):
+            raise InvalidArgumentError(f"max_facts must be None or an integer >= 1, got {self.max_facts!r}")
+        if self.ranking not in RANKINGS:
+            raise InvalidArgumentError(f"ranking must be one of {', '.join(map(repr, RANKINGS))}, got {self.ranking!r}")
+        q = self.query_share
+        if isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 <= q <= 1.0:
+            raise InvalidArgumentError(f"query_share must be a number in [0, 1], got {q!r}")
+        t = self.answer_context_tokens
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise InvalidArgumentError(f"answer_context_tokens must be an integer >= 1, got {t!r}")
+        if not self.query_weight >= 0:
+            raise InvalidArgumentError(f"query_weight must be >= 0, got {self.query_weight!r}")
+
+    def probe_params(self) -> SearchParams:
+        return SearchParams(top_k=self.top_k, min_score=self.min_score, window=self.window)
