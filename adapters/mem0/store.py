@@ -58,8 +58,8 @@ class Mem0Store(Store):
     >>> store.search("Should I join a soccer league?", filters={"user_id": "u1"})  # doctest: +SKIP
     {'results': [{'id': ..., 'memory': ..., 'score': ..., 'created_at': ...}, ...]}
 
-    - ``llm``: the LLM PGR prospects with; without one the drop-in :meth:`search` uses the facet
-      prospector (no LLM calls).
+    - ``llm``: the LLM PGR prospects with. Without one, PGR's default is no prospection (the drop-in
+      :meth:`search` then gives the query's own list); pass ``strategy="facet"`` for LLM-free probes.
     - ``search_path``: ``"auto"`` picks ``"batch"`` when mem0 exposes ``vector_store.search_batch`` and
       the memory has no graph store, ``"search"`` otherwise (see the module docstring).
     - ``pgr_options``: ``strategy=``, ``config=``, ``embedder=`` or any :class:`~pgr_core.PGRConfig`
