@@ -265,8 +265,23 @@ class RetrievalResult:
         return self.trace.usage
 
     def top(self, n: int) -> list[FoundFact]:
-        """The first ``n`` facts of R* (neighbours count), for comparisons at an equal budget."""
+        """The first ``n`` facts of R* in its ranking order (neighbours count): what a prompt with room
+        for ``n`` facts gets. Under the default ``ranking="shared"`` about half are the query's own
+        best hits and the rest the step probes' best; see :mod:`pgr_core.ranking`."""
         return self.facts[:n]
+
+    def within_tokens(self, max_tokens: int, *, per_fact: int = 12) -> list[FoundFact]:
+        """The head of R* whose texts fit in ``max_tokens`` (about four characters a token, plus
+        ``per_fact`` for each record's markup); at least the first fact when there is one."""
+        out: list[FoundFact] = []
+        used = 0
+        for f in self.facts:
+            cost = len(f.text) // 4 + 1 + per_fact
+            if out and used + cost > max_tokens:
+                break
+            used += cost
+            out.append(f)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -228,3 +228,23 @@ def test_the_answer_context_is_cut_to_its_token_budget() -> None:
     assert 1 <= len(held) < len(answer.retrieval.facts)
     assert held == answer.retrieval.ids[: len(held)]  # R*'s head, in order
     assert llm.calls[-1].prompt.count("<record ") == len(held)
+
+
+def test_within_tokens_is_the_ranked_head_that_fits() -> None:
+    result = PGR(far_store(), llm=scripted(), strategy="tot", min_score=0.1).retrieve(QUERY, scope=U)
+    cost = [len(f.text) // 4 + 1 + 12 for f in result.facts]
+    budget = sum(cost[:5]) + 1  # room for five records, not six
+    assert [f.id for f in result.within_tokens(budget)] == result.ids[:5]
+    assert [f.id for f in result.within_tokens(1)] == result.ids[:1]  # at least one
+
+
+def test_guideline_induction_pgr_retrieval_gets_the_budgeted_head_of_r_star() -> None:
+    from pgr_core.write.examples import TrainingExample
+    from pgr_core.write.induction import InductionConfig, retrieve_for
+
+    store = far_store()
+    example = TrainingExample(id="e1", sessions=(), question=QUERY, answer="wait")
+    facts = retrieve_for(store, U, example, scripted(), InductionConfig(retrieval="pgr", context_tokens=200))
+    assert set(FAR) <= {f.id for f in facts}  # step finds are in the answerer's context
+    baseline = retrieve_for(store, U, example, scripted(), InductionConfig(retrieval="query-only", context_tokens=200))
+    assert not set(FAR) & {f.id for f in baseline} and abs(len(baseline) - len(facts)) <= 2  # same context size

@@ -65,7 +65,9 @@ class InductionConfig:
     """- ``steps``: induction steps; ``batch_size``: training examples per step.
     - ``candidates``: edited versions of S tried per step; ``rollouts``: per training example.
     - ``retrieval``: ``query-only``, ``pgr-facet`` or ``pgr`` (LLM prospection) over the built memory;
-      ``top_k``: facts given to the answerer.
+      the answerer gets the head of each one's ranked list that fits in ``context_tokens`` (1500,
+      the answer prompt's budget in :class:`~pgr_core.PGRConfig`), at most ``top_k`` facts (None: no
+      cap), so every retrieval is compared at the same context size.
     - ``temperature``: for the sampled rollouts and candidates (the first of each is greedy).
     """
 
@@ -74,7 +76,8 @@ class InductionConfig:
     candidates: int = 1
     rollouts: int = 2
     retrieval: str = "query-only"
-    top_k: int = 10
+    top_k: int | None = None
+    context_tokens: int = 1500
     temperature: float = 0.7
     seed: int = 0
     max_tokens: int = 800
@@ -82,8 +85,9 @@ class InductionConfig:
     def __post_init__(self) -> None:
         if self.retrieval not in ("query-only", "pgr-facet", "pgr"):
             raise GuidelineError(f"retrieval must be query-only, pgr-facet or pgr, got {self.retrieval!r}")
-        if min(self.steps, self.batch_size, self.candidates, self.rollouts, self.top_k) < 1:
-            raise GuidelineError("steps, batch_size, candidates, rollouts and top_k must be >= 1")
+        cap = 1 if self.top_k is None else self.top_k
+        if min(self.steps, self.batch_size, self.candidates, self.rollouts, cap, self.context_tokens) < 1:
+            raise GuidelineError("steps, batch_size, candidates, rollouts, context_tokens and top_k must be >= 1")
 
 
 @dataclass
@@ -154,13 +158,14 @@ def retrieve_for(
 ) -> list[Fact]:
     from ..policy import PGR
 
-    if config.retrieval == "query-only":
-        result = PGR(store).query_only(example.question, scope=scope, date=example.date, top_k=config.top_k)
+    if config.retrieval == "query-only":  # deep enough to fill the same context as the others
+        result = PGR(store).query_only(example.question, scope=scope, date=example.date, top_k=100)
     elif config.retrieval == "pgr-facet":
         result = PGR(store, strategy="facet").retrieve(example.question, scope=scope, date=example.date)
     else:
         result = PGR(store, llm=llm, strategy="tot").retrieve(example.question, scope=scope, date=example.date)
-    return [f.fact for f in result.top(config.top_k)]
+    facts = [f.fact for f in result.within_tokens(config.context_tokens)]
+    return facts[: config.top_k] if config.top_k is not None else facts
 
 
 def _fact_line(fact: Fact) -> str:
