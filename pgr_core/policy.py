@@ -274,7 +274,6 @@ class PGR(Savings, Drivers):
             budget=meter.budget.as_dict() or None,
         )
         p = Prospection(query=query, date=date, scope=scope, trace=trace, intent=query)
-        p.ranker = lambda: self._order(p)
         p.want_choice = self.config.ranking == "llm"
         started = time.perf_counter()
         try:

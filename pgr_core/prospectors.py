@@ -77,12 +77,14 @@ class Prospection:
     want_choice: bool = False  # ranking "llm": the summary call also names the records that matter
     choice: Any = None  # ...the ids it named, unchecked (see pgr_core.ranking.choose)
     summary_shown: list[str] = field(default_factory=list)  # fact ids of the summary's records, in order
-    ranker: Any = None  # () -> R in the call's ranking order (set by the policy)
     _quoted: dict[str, str] = field(default_factory=dict, repr=False)  # fact id -> its quoted text, this call
 
-    def ranked(self) -> list[FoundFact]:
-        """R as the call's ranking orders it now (discovery order when no ranking is set)."""
-        return list(self.ranker()) if self.ranker is not None else list(self.found.values())
+    def findings(self) -> list[FoundFact]:
+        """R's direct hits as prompts show them: what step probes found first, then the request's own
+        hits, each part by best cosine. Independent of the ranking option, so changing how R* is
+        ordered for a budget changes no prompt (and a reply cache still serves every call)."""
+        hits = [f for f in self.found.values() if f.via == "hit"]
+        return sorted(hits, key=lambda f: (f.step_id is None, -f.score))
 
     def date_text(self) -> str:
         return self.date.date().isoformat() if self.date else "unknown"
@@ -446,12 +448,10 @@ class LLMProspector(Prospector):
         )
         delta = sorted((f for f in new if f.via == "hit" and f.step_id is not None), key=lambda f: -f.score)
         seen = {f.id for f in delta}
-        by_steps = [f for f in p.ranked() if f.step_id is not None and f.via == "hit" and f.id not in seen]
-        seen.update(f.id for f in by_steps)
-        rest = [f for f in p.ranked() if f.id not in seen and f.via == "hit"]
+        rest = [f for f in p.findings() if f.id not in seen]  # the other step finds, then the request's
         shown: list[str] = []
         memories = p.memory_lines(
-            [*delta, *by_steps, *rest],
+            [*delta, *rest],
             self.memories_in_prompt,
             max_tokens=self.context_tokens,
             label="r",
@@ -490,7 +490,7 @@ class LLMProspector(Prospector):
         steps = {}
         for step in p.steps:  # a rewritten step's latest words
             steps[step.id] = step
-        ranked = [f for f in p.ranked() if f.via == "hit"]
+        ranked = p.findings()
         if not ranked:
             return "Nothing in memory bears on this request."
         shown: list[str] = []
