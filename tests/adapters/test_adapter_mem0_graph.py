@@ -289,7 +289,7 @@ def test_pgr_rounds_make_one_mem0_search_per_probe(memory: Any, monkeypatch: pyt
 
 def test_drop_in_search_returns_results_and_relations(memory: Any) -> None:
     plain = memory.search("Should I start running again?", user_id="alice", limit=3)
-    ours = Mem0Store(memory).search("Should I start running again?", user_id="alice", limit=3)
+    ours = Mem0Store(memory, strategy="facet").search("Should I start running again?", user_id="alice", limit=3)
     assert set(ours) == {"results", "relations"} == set(plain)
     assert [r["id"] for r in ours["results"][: len(plain["results"])]] == [r["id"] for r in plain["results"]]
     assert {"source": "dr_lee", "relationship": "forbids", "destination": "running"} in ours["relations"]
