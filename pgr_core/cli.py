@@ -417,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--methods",
         default="query-only,pgr-facet",
-        help="comma-separated: query-only, pgr-facet, pgr-cot, pgr-tot, query-fusion, hyde; +wN adds "
+        help="comma-separated: query-only, pgr-none, pgr-facet, pgr-cot, pgr-tot, query-fusion, hyde, mem0; +wN adds "
         "a temporal window (e.g. query-only+w1)",
     )
     ev.add_argument("--limit", type=int, default=None, help="the first N questions (after --every)")

@@ -5,6 +5,7 @@ plus its cost. Names (``METHODS``), each also with ``+wN`` for a temporal window
 direct hit brings its N neighbours either side, right after it, and they count in every budget):
 
 - ``query-only``: the question's top K = 20 (the PGR paper's baseline).
+- ``pgr-none``: PGR's no-LLM default (no prospection) through ``retrieve``: it should equal query-only.
 - ``pgr-facet``, ``pgr-cot``, ``pgr-tot``: PGR with the LLM-free facet prospector, or an LLM chain / tree.
 - ``query-fusion``: LlamaIndex's ``QueryFusionRetriever`` (the LLM writes 3 more queries, one retrieval
   per query, reciprocal-rank fusion), over a LlamaIndex retriever that searches the same pgr store.
@@ -31,7 +32,7 @@ from typing import Any
 from ..errors import ConfigurationError, InvalidArgumentError
 from ..llm import LLM, Completion, Message
 from ..policy import PGR
-from ..prospectors import FacetProspector
+from ..prospectors import FacetProspector, NoProspection
 from ..store import Store
 from ..trace import RetrievalResult
 from ..types import Hit, Scope, SearchParams
@@ -39,7 +40,7 @@ from .data import EvalQuestion
 
 __all__ = ["METHODS", "Method", "MethodOutput", "Meter", "make_method", "parse_method"]
 
-METHODS = ("query-only", "pgr-facet", "pgr-cot", "pgr-tot", "query-fusion", "hyde", "mem0")
+METHODS = ("query-only", "pgr-none", "pgr-facet", "pgr-cot", "pgr-tot", "query-fusion", "hyde", "mem0")
 LLM_METHODS = ("pgr-cot", "pgr-tot", "query-fusion", "hyde")
 
 
@@ -158,7 +159,7 @@ class PGRMethod(Method):
         **kw: Any,
     ) -> None:
         super().__init__(store, **kw)
-        if strategy != "facet":
+        if strategy not in ("facet", "none"):
             if llm is None:
                 raise ConfigurationError(f"pgr-{strategy} needs an LLM: set PGR_LLM_BASE_URL (and PGR_LLM_MODEL)")
             self.meter: Meter | None = Meter(llm)
@@ -166,7 +167,8 @@ class PGRMethod(Method):
             self.pgr = PGR(store, llm=self.meter, strategy=strategy, window=self.window, **dict(overrides or {}))
         else:
             self.meter = None
-            self.pgr = PGR(store, strategy=FacetProspector(), window=self.window, **dict(overrides or {}))
+            prospector = FacetProspector() if strategy == "facet" else NoProspection()
+            self.pgr = PGR(store, strategy=prospector, window=self.window, **dict(overrides or {}))
 
     def _run(self, q: EvalQuestion, meter: Meter | None) -> MethodOutput:
         result = self.pgr.retrieve(q.question, scope=q.scope, date=q.date)
@@ -176,7 +178,28 @@ class PGRMethod(Method):
             store_calls=t.store_calls,
             degraded=result.degraded,
             error=_reason(result),
-            extra={"rounds": len(t.rounds), "stop": t.stop_reason, "probes": sum(len(r.probes) for r in t.rounds)},
+            extra={
+                "rounds": len(t.rounds),
+                "stop": t.stop_reason,
+                "probes": sum(len(r.probes) for r in t.rounds),
+                "ranking": t.ranking,
+                "ranking_fallback": t.ranking_fallback,
+                "chosen": t.chosen_ids,
+                "intent": t.intent,
+                # where each round's steps went and what they found: enough to see which phase fails
+                "trace": [
+                    {
+                        "phase": r.phase,
+                        "steps": [[s.id, s.status, s.text] for s in r.steps],
+                        "dropped": [[d.reason, d.text] for d in r.dropped],
+                        "probes": [[pr.step_id, pr.text, [i for i, _ in pr.hits]] for pr in r.probes],
+                        "new": r.new_fact_ids,
+                        "prompt": r.prompt_fact_ids,
+                        "pruned": r.pruned,
+                    }
+                    for r in t.rounds
+                ],
+            },
         )
 
 
