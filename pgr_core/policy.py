@@ -600,16 +600,18 @@ class PGR(Savings, Drivers):
                     step_id=probe.step_id,
                     via="neighbour" if hit.neighbour_of else "hit",
                     probes_hit=0 if hit.neighbour_of else 1,
-                    anchor=hit.neighbour_of,
+                    beside=[hit.neighbour_of] if hit.neighbour_of else [],
                 )
                 (rnd.new_neighbour_ids if hit.neighbour_of else rnd.new_fact_ids).append(hit.fact.id)
                 continue
             known.rank_score = max(known.rank_score, fused)
+            if hit.neighbour_of is not None and hit.neighbour_of not in known.beside:
+                known.beside.append(hit.neighbour_of)  # it rides with this anchor too, hit or not
             if hit.neighbour_of is None:
                 known.probes_hit += 1
                 known.score = max(known.score, hit.score)
                 if known.via == "neighbour":  # reached directly now: it counts toward Δ
-                    known.via, known.anchor = "hit", None
+                    known.via = "hit"
                     known.round, known.probe, known.step_id = rnd.index, probe.text, probe.step_id
                     rnd.new_fact_ids.append(hit.fact.id)
 

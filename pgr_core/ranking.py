@@ -63,10 +63,20 @@ def _pools(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> _Pools:
     pools.query = sorted(query_rank, key=lambda fid: query_rank[fid])
     # several probes agreeing first; then round-robin: best rank in any probe, earlier probe first
     pools.steps = sorted(step_hits, key=lambda fid: (-len(step_hits[fid]), *min(step_hits[fid])))
-    for fid, f in found.items():
-        if f.via == "neighbour" and f.anchor is not None:
-            pools.neighbours.setdefault(f.anchor, []).append(fid)
+    pools.neighbours = _neighbours(found)
     return pools
+
+
+def _neighbours(found: Mapping[str, FoundFact]) -> dict[str, list[str]]:
+    """Anchor id -> the facts its window brought in (a direct hit too: it then follows the anchor when
+    the anchor comes first, as a neighbour would; the query-only list does the same)."""
+    out: dict[str, list[str]] = {}
+    for fid, f in found.items():
+        for anchor in f.beside:
+            out.setdefault(anchor, []).append(fid)
+    for ids in out.values():  # a fact also hit directly first, as in the fused order
+        ids.sort(key=lambda i: -found[i].score)
+    return out
 
 
 def shared_order(found: Mapping[str, FoundFact], probes: Iterable[Probe], query_share: float) -> list[FoundFact]:
@@ -150,10 +160,7 @@ def llm_order(
 ) -> list[FoundFact]:
     """The chosen facts first (each with its window neighbours), then the shared order."""
     shared = shared_order(found, probes, query_share)
-    neighbours: dict[str, list[str]] = {}
-    for f in found.values():
-        if f.via == "neighbour" and f.anchor is not None:
-            neighbours.setdefault(f.anchor, []).append(f.id)
+    neighbours = _neighbours(found)
     out: list[str] = []
     for fid in chosen:
         for item in (fid, *neighbours.get(fid, ())):

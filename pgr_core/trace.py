@@ -155,7 +155,12 @@ class FoundFact:
     step_id: str | None = None
     via: Literal["hit", "neighbour"] = "hit"
     probes_hit: int = 1  # how many probes returned it directly
-    anchor: str | None = None  # for a window neighbour: the hit it came in beside
+    beside: list[str] = field(default_factory=list)  # the hits whose window brought it in (a hit may have some)
+
+    @property
+    def anchor(self) -> str | None:
+        """For a fact reached only through the window: the hit it first came in beside."""
+        return self.beside[0] if self.via == "neighbour" and self.beside else None
 
     @property
     def id(self) -> str:
@@ -175,7 +180,7 @@ class FoundFact:
             step_id=self.step_id,
             via=self.via,
             probes_hit=self.probes_hit,
-            anchor=self.anchor,
+            beside=list(self.beside),
         )
         return out
 

@@ -541,3 +541,12 @@ def test_report_only_rewrites_the_report_from_records(tmp_path: Path) -> None:
     out.unlink()
     assert main([*common, "--report-only", "--methods", "query-only"]) == 0
     assert json.loads(out.read_text())["methods"] == first["methods"]
+
+
+def test_pgr_none_the_no_llm_default_returns_the_query_only_list() -> None:
+    store, data = _small_set()
+    rows = run_eval(data, ["query-only", "pgr-none", "query-only+w1", "pgr-none+w1"], store, log=lambda s: None)
+    ids = {(r["method"], r["question"]): r["ids"] for r in rows}
+    for q in data.questions:
+        assert ids[("pgr-none", q.id)] == ids[("query-only", q.id)]
+        assert ids[("pgr-none+w1", q.id)][:20] == ids[("query-only+w1", q.id)]

@@ -131,7 +131,8 @@ def test_a_reply_naming_no_step_of_the_plan_only_adds() -> None:
 
 def _found(fid: str, *, via: str = "hit", anchor: str | None = None, rank_score: float = 0.0) -> FoundFact:
     fact = Fact(id=fid, text=fid, scope=U)
-    return FoundFact(fact, 0.5, rank_score, 1, "p", via=via, anchor=anchor)  # type: ignore[arg-type]
+    beside = [anchor] if anchor else []
+    return FoundFact(fact, 0.5, rank_score, 1, "p", via=via, beside=beside)  # type: ignore[arg-type]
 
 
 def _probe(source: str, ids: list[str]) -> Probe:
