@@ -148,7 +148,7 @@ def parse_json(text: str, schema: Mapping[str, Any] | None = None) -> Any:
     Raises :class:`LLMOutputError` with the raw text attached when the reply is unusable.
     """
     try:
-        value = json.loads(_extract_json_text(text))
+        value = json.loads(_extract_json_text(text), strict=False)  # a raw newline inside a string is still an answer
     except json.JSONDecodeError as exc:
         raise LLMOutputError(f"reply is not valid JSON ({exc.msg})", raw=text) from None
     if schema is not None:

@@ -98,6 +98,7 @@ class Prospection:
         label: str = "m",
         with_step: bool = False,
         shown: list[str] | None = None,
+        step_labels: Mapping[str, str] | None = None,
     ) -> str:
         """Facts as delimited records, each text quoted (data, never instructions), with their age
         (the newer of the fact's date and its last update, relative to the query date).
@@ -106,7 +107,8 @@ class Prospection:
         says, it cannot close its record, open another or leave its quotes (see :func:`quoted`).
         ``limit`` caps the records, ``max_tokens`` their length (about four characters a token);
         ``with_step`` adds which step's probe found each (``step="request"``: the request itself);
-        ``shown``, when given, receives the ids of the facts that made it in, in order.
+        ``shown``, when given, receives the ids of the facts that made it in, in order;
+        ``step_labels`` names steps as the prompt does (a step not in it: ``"earlier"``).
         """
         lines: list[str] = []
         used = 0
@@ -123,7 +125,12 @@ class Prospection:
                 text = self._quoted[fact.id] = quoted(fact.text, 1000)
             step = ""
             if with_step:
-                step = f' step="{_safe_id(found.step_id) or "request"}"' + (
+                label_of = (
+                    (step_labels.get(found.step_id, "earlier") if found.step_id else "request")
+                    if step_labels is not None
+                    else _safe_id(found.step_id) or "request"
+                )
+                step = f' step="{_safe_id(label_of)}"' + (
                     ' via="window"' if found.via == "neighbour" else ""
                 )
             line = f'<record id="{label}{len(lines) + 1}"{step} noted="{age}">{text}</record>'
@@ -436,10 +443,12 @@ class LLMProspector(Prospector):
         one left out is pruned. A reply that names no step of the plan only adds to it.
         """
         plan = p.plan or p.steps
+        # short plan-local labels (s1, s2...): a small model copies them back; round-qualified ids it garbles
+        labels = {s.id: f"s{i}" for i, s in enumerate(plan, 1)}
         steps_text = (
             "\n".join(
-                f"- id {_safe_id(s.id)}"
-                + (f" (under {_safe_id(s.parent)})" if self.strategy == "tot" and s.parent else "")
+                f"- id {labels[s.id]}"
+                + (f" (under {labels[s.parent]})" if self.strategy == "tot" and s.parent in labels else "")
                 + f": {quoted(s.text, _MAX_STEP_CHARS)}"
                 + (f" [{quoted(s.dimension)}]" if s.dimension else "")
                 for s in plan
@@ -457,6 +466,7 @@ class LLMProspector(Prospector):
             label="r",
             with_step=True,
             shown=shown,
+            step_labels=labels,
         )
         p.trace.rounds[-1].prompt_fact_ids = shown
         if self.strategy == "tot":
@@ -483,7 +493,7 @@ class LLMProspector(Prospector):
         )
         schema, check = self._revise_schemas
         reply = yield from ask_json(p, "personalized", text, schema, check, self.max_tokens)
-        return self._revised(reply, p, plan)
+        return self._revised(reply, p, plan, {label: s for s, label in ((s, labels[s.id]) for s in plan)})
 
     def summarize(self, p: Prospection) -> Flow:
         """The briefing; with ``p.want_choice`` the same call names the records that matter (``p.choice``)."""
@@ -546,12 +556,18 @@ class LLMProspector(Prospector):
     def _revise_schemas(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return (TOT_SCHEMA, _TOT_CHECK) if self.strategy == "tot" else (COT_REVISE_SCHEMA, _COT_CHECK)
 
-    def _revised(self, reply: Mapping[str, Any], p: Prospection, plan: Sequence[Step]) -> list[Step]:
-        """The revised plan: steps whose id names a step of ``plan`` keep that id (``kept`` when the
-        words are the same, else ``rewritten``); the rest are ``added`` with fresh ids."""
+    def _revised(
+        self, reply: Mapping[str, Any], p: Prospection, plan: Sequence[Step], labels: Mapping[str, Step] | None = None
+    ) -> list[Step]:
+        """The revised plan: steps whose id (the prompt's label, or the step's own id) names a step of
+        ``plan``, or whose words repeat one, keep that step's id (``kept`` when the words are the same,
+        else ``rewritten``); the rest are ``added`` with fresh ids."""
         items = reply.get("nodes" if self.strategy == "tot" else "steps") or []
         current = {s.id.lower(): s for s in plan}
+        current.update({label.lower(): s for label, s in (labels or {}).items()})
+        by_words = {" ".join(s.text.lower().split()): s for s in plan}
         known = {s.id.lower(): s for s in p.steps}
+        known.update({label.lower(): s for label, s in (labels or {}).items()})
         out: list[Step] = []
         local: dict[str, Step] = {}  # the reply's own ids (new ones too), for parents within the reply
         added = 0
@@ -560,7 +576,7 @@ class LLMProspector(Prospector):
             if not text:
                 continue
             raw_id = str(item.get("id") or "").strip() if isinstance(item, Mapping) else ""
-            old = current.get(raw_id.lower())
+            old = current.get(raw_id.lower()) or by_words.get(" ".join(text.lower().split()))
             if old is not None and any(s.id == old.id for s in out):
                 old = None  # the same id twice: the second is a new step
             if old is not None:

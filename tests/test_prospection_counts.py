@@ -73,7 +73,7 @@ def test_revise_prompt_lists_delta_first_with_age_and_finding_step() -> None:
     records = re.findall(r'<record id="(r\d+)" step="([\w.-]+)" noted="([^"]+)">"([^"]*)"</record>', prompt)
     first = {text: (step, noted) for _, step, noted, text in records[:3]}
     assert set(first) == set(FAR.values())
-    assert {step for step, _ in first.values()} == {"r1.1", "r1.2", "r1.3"}
+    assert {step for step, _ in first.values()} == {"s1", "s2", "s3"}  # the plan's labels in the prompt
     assert {noted for _, noted in first.values()} == {"2 months before"}  # 2 March → 1 May: 60 days
     assert any(step == "request" for _, step, _, _ in records)  # the query's hits follow
 
@@ -111,7 +111,7 @@ def test_revision_keeps_rewrites_prunes_and_adds_with_tree_ids_kept() -> None:
     assert [p.step_id for p in rnd.probes] == ["r1.2", "r2.1"]  # a kept step is not probed again
     # the next round's prompt shows the plan as revised, with its ids
     third = [c.prompt for c in llm.calls if "revising a plan" in c.prompt][1]
-    assert "id r1.2 (under r1.1)" in third and "pottery" not in third.split("What the memory")[0]
+    assert "id s2 (under s1)" in third and "pottery" not in third.split("What the memory")[0]
 
 
 def test_a_reply_naming_no_step_of_the_plan_only_adds() -> None:
@@ -249,3 +249,20 @@ def test_guideline_induction_pgr_retrieval_gets_the_budgeted_head_of_r_star() ->
     assert set(FAR) <= {f.id for f in facts}  # step finds are in the answerer's context
     baseline = retrieve_for(store, U, example, scripted(), InductionConfig(retrieval="query-only", context_tokens=200))
     assert not set(FAR) & {f.id for f in baseline} and abs(len(baseline) - len(facts)) <= 2  # same context size
+
+
+def test_revision_reads_the_prompts_labels_and_repeated_words_as_the_plans_steps() -> None:
+    replies: list[Any] = [
+        {"intent": "join a soccer league"},
+        {"steps": [{"action": "ligament surgeon"}, {"action": "tram hatchback commuting"}]},
+        # the prompt's label for the second step, and the first step's words under a garbled id
+        {"steps": [{"id": "r1", "action": "ligament surgeon"}, {"id": "s2", "action": "pottery lessons evening"}]},
+        {"steps": []},
+        {"summary": "s"},
+    ]
+    llm = ScriptedLLM(replies)
+    result = PGR(far_store(), llm=llm, strategy="cot", min_score=0.1, delta=1).retrieve(QUERY, scope=U)
+    rnd = result.trace.rounds[2]
+    assert [(s.id, s.status) for s in rnd.steps] == [("r1.1", "kept"), ("r1.2", "rewritten")]
+    assert [p.step_id for p in rnd.probes] == ["r1.2"] and not rnd.dropped
+    assert "- id s1: " in llm.calls[2].prompt and 'step="s2"' in llm.calls[2].prompt
