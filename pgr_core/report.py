@@ -92,6 +92,10 @@ class _QueryView:
                 self.texts[str(f["id"])] = f
         self.pgr_ids = {str(f.get("id")) for f in self.pgr_facts}
         self.qo_ids = {str(f.get("id")) for f in self.qo_facts}
+        # both lists are compared at the same size: the query-only list's (R*'s head, as top(n) gives it)
+        self.budget = len(self.qo_facts) if self.qo_facts else len(self.pgr_facts)
+        self.pgr_head = self.pgr_facts[: self.budget]
+        self.head_ids = {str(f.get("id")) for f in self.pgr_head}
 
     def render(self) -> str:
         query = self.item.get("query") or self.trace.get("query") or "(no query)"
@@ -294,16 +298,19 @@ class _QueryView:
         out = [
             head,
             '<table class="grid"><thead><tr><th>round</th><th>phase</th><th>probes</th><th>dropped</th>'
-            "<th>new facts |Δ|</th><th>new neighbours</th><th>store calls</th><th>prospect s</th>"
-            "<th>search s</th></tr></thead><tbody>",
+            "<th>new facts |Δ|</th><th>new neighbours</th><th>prompt held</th><th>kept</th><th>pruned</th>"
+            "<th>store calls</th><th>prospect s</th><th>search s</th></tr></thead><tbody>",
         ]
-        tot = [0, 0, 0, 0, 0, 0.0, 0.0]
+        tot = [0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0]
         for i, r in enumerate(self.rounds):
             vals = [
                 len(_as_list(r.get("probes"))),
                 len(_as_list(r.get("dropped"))),
                 len(_as_list(r.get("new_fact_ids"))),
                 len(_as_list(r.get("new_neighbour_ids"))),
+                len(_as_list(r.get("prompt_fact_ids"))),
+                len(_as_list(r.get("kept"))),
+                len(_as_list(r.get("pruned"))),
                 _int(r.get("store_calls")),
                 _float(r.get("prospect_seconds")),
                 _float(r.get("search_seconds")),
@@ -313,14 +320,14 @@ class _QueryView:
             note = ' <span class="muted">(hits not counted)</span>' if phase == "augment" else ""
             out.append(
                 f"<tr><td>{_int(r.get('index', i))}</td><td>{_e(phase)}{note}</td>"
-                + "".join(f'<td class="n">{v}</td>' for v in vals[:5])
-                + "".join(f'<td class="n">{_secs(v)}</td>' for v in vals[5:])
+                + "".join(f'<td class="n">{v}</td>' for v in vals[:8])
+                + "".join(f'<td class="n">{_secs(v)}</td>' for v in vals[8:])
                 + "</tr>"
             )
         out.append(
             '</tbody><tfoot><tr><th colspan="2">total</th>'
-            + "".join(f'<td class="n">{v}</td>' for v in tot[:5])
-            + "".join(f'<td class="n">{_secs(v)}</td>' for v in tot[5:])
+            + "".join(f'<td class="n">{v}</td>' for v in tot[:8])
+            + "".join(f'<td class="n">{_secs(v)}</td>' for v in tot[8:])
             + "</tr></tfoot></table>\n"
         )
         return "".join(out)
@@ -395,26 +402,31 @@ class _QueryView:
 
     def _side_by_side(self) -> str:
         rel, rel_set = self.relevant, self.relevant_set
-        out = ["<h3>Query-only vs PGR</h3>\n"]
+        n = self.budget
+        out = [f"<h3>Query-only vs PGR, {n} facts each</h3>\n"]
+        only = self.head_ids - self.qo_ids
         if rel:
             qo_n = len(rel_set & self.qo_ids)
-            pgr_n = len(rel_set & self.pgr_ids)
+            pgr_n = len(rel_set & self.head_ids)
             out.append(
-                f'<p class="counts">Relevant found: query-only <b>{qo_n}/{len(rel)}</b> · '
+                f'<p class="counts">Relevant found in {n} facts: query-only <b>{qo_n}/{len(rel)}</b> · '
                 f"PGR <b>{pgr_n}/{len(rel)}</b> · only PGR found "
-                f"<b>{len(self.pgr_ids - self.qo_ids)}</b> facts "
-                f"({len((self.pgr_ids - self.qo_ids) & rel_set)} relevant)</p>\n"
+                f"<b>{len(only)}</b> facts ({len(only & rel_set)} relevant) · all of R* ({len(self.pgr_facts)} "
+                f"facts): {len(rel_set & self.pgr_ids)}/{len(rel)}</p>\n"
             )
         else:
-            out.append(
-                f'<p class="counts">No relevant facts given · only PGR found <b>{len(self.pgr_ids - self.qo_ids)}</b> '
-                "facts</p>\n"
-            )
+            out.append(f'<p class="counts">No relevant facts given · only PGR found <b>{len(only)}</b> facts</p>\n')
         out.append('<div class="cols">')
         out.append(self._column(f"Query-only ({len(self.qo_facts)})", self.qo_facts, pgr_side=False))
-        out.append(self._column(f"PGR ({len(self.pgr_facts)})", self.pgr_facts, pgr_side=True))
+        out.append(
+            self._column(f"PGR (first {len(self.pgr_head)} of {len(self.pgr_facts)})", self.pgr_head, pgr_side=True)
+        )
         out.append("</div>\n")
-        missed = [r for r in rel if r not in self.pgr_ids and r not in self.qo_ids]
+        rest = self.pgr_facts[n:]
+        if rest:
+            out.append(f'<details class="round"><summary>The rest of R* ({len(rest)} facts, past the budget)</summary>')
+            out.append(self._column(f"Past the budget ({len(rest)})", rest, pgr_side=True) + "</details>\n")
+        missed = [r for r in rel if r not in self.head_ids and r not in self.qo_ids]
         if missed:
             out.append('<div class="missed"><b>Relevant, found by neither</b><ul>')
             for fid in missed:
@@ -432,7 +444,7 @@ class _QueryView:
         for f in facts:
             fid = str(f.get("id"))
             only = pgr_side and fid not in self.qo_ids
-            missing_in_pgr = not pgr_side and fid not in self.pgr_ids
+            missing_in_pgr = not pgr_side and fid not in self.head_ids
             flags = (("only-pgr", only), ("relevant", fid in self.relevant_set), ("qo-only", missing_in_pgr))
             cls = " ".join(c for c, on in flags if on)
             meta = [f'<span class="score">{_score(f.get("score"))}</span>']

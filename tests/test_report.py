@@ -316,12 +316,12 @@ def test_rounds_table(dom: Node) -> None:
     body = table.find_all("tbody")[0]
     rows = [[td.text() for td in tr.children if isinstance(td, Node)] for tr in body.find_all("tr")]
     assert rows == [
-        ["0", "augment (hits not counted)", "1", "0", "0", "0", "1", "0.00", "0.00"],
-        ["1", "initial", "3", "1", "3", "1", "1", "1.25", "0.05"],
-        ["2", "personalized", "2", "0", "0", "0", "1", "0.75", "0.04"],
+        ["0", "augment (hits not counted)", "1", "0", "0", "0", "0", "0", "0", "1", "0.00", "0.00"],
+        ["1", "initial", "3", "1", "3", "1", "0", "0", "0", "1", "1.25", "0.05"],
+        ["2", "personalized", "2", "0", "0", "0", "0", "0", "0", "1", "0.75", "0.04"],
     ]
     total = [c.text() for c in table.find_all("tfoot")[0].find_all("tr")[0].children if isinstance(c, Node)]
-    assert total == ["total", "6", "1", "3", "1", "3", "2.00", "0.09"]
+    assert total == ["total", "6", "1", "3", "1", "0", "0", "0", "3", "2.00", "0.09"]
 
 
 def test_probes_list_their_hits_with_texts_scores_and_new_marks(dom: Node) -> None:
@@ -365,9 +365,9 @@ def test_trace_without_augment_round() -> None:
 
 
 def test_side_by_side_marks_only_pgr_and_relevant_facts(dom: Node) -> None:
-    cols = dom.find_all("div", "col")
-    assert [c.find_all("h4")[0].text() for c in cols] == ["Query-only (3)", "PGR (4)"]
-    qo, pgr = ([li for li in c.find_all("li")] for c in cols)
+    cols = dom.find_all("div", "col")  # both lists at the query-only list's size, then the rest of R*
+    assert [c.find_all("h4")[0].text() for c in cols] == ["Query-only (3)", "PGR (first 3 of 4)", "Past the budget (1)"]
+    qo, pgr = cols[0].find_all("li"), cols[1].find_all("li") + cols[2].find_all("li")
     only = [li for li in pgr if "only-pgr" in li.classes]
     assert {li.find_all("span", "fid")[0].text() for li in only} == {"f3", "f4"}
     f3 = next(li for li in pgr if "physio said" in li.text())
