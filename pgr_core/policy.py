@@ -5,7 +5,13 @@
     2. personalisation      repeat: revise steps given R → Δ = new facts → R ∪= Δ
                             until |Δ| < δ or I_max rounds                     (one store call each)
     3. summary              which steps surfaced which facts, and why they matter
-    4. answer (optional)    PAG: a reply from R* and the summary
+                            (ranking "llm": and which records matter most, in the same call)
+       R* ranked            for a budget: the query's hits and the steps' share every prefix
+                            (pgr_core.ranking), so top(n) can hold what only a step found
+    4. answer (optional)    PAG: a reply from R*'s head (a token budget) and the summary
+
+Around the phases, not in this file: the options (config.py), adaptive mode and Phase-1 reuse
+(savings.py), the drivers and the budget meter (_drivers.py, _budget.py).
 
 Every step is a generator yielding :class:`Search` / :class:`Ask` effects; :meth:`PGR._drive` and
 :meth:`PGR._adrive` perform them, so the sync and async APIs share one flow. The drivers also hold the

@@ -130,9 +130,7 @@ class Prospection:
                     if step_labels is not None
                     else _safe_id(found.step_id) or "request"
                 )
-                step = f' step="{_safe_id(label_of)}"' + (
-                    ' via="window"' if found.via == "neighbour" else ""
-                )
+                step = f' step="{_safe_id(label_of)}"' + (' via="window"' if found.via == "neighbour" else "")
             line = f'<record id="{label}{len(lines) + 1}"{step} noted="{age}">{text}</record>'
             cost = len(line) // 4 + 1
             if max_tokens is not None and used + cost > max_tokens and lines:
