@@ -86,8 +86,7 @@ def clean_steps(
     dropped: list[DroppedProbe] = []
     candidates: list[Step] = []
     for step in steps:
-        basis = step.check or step.text  # a step's remembered constraint, when it names one, is its probe
-        step.probe = strip_words(basis, query) if rules.strip_query_words else basis
+        step.probe = strip_words(step.text, query) if rules.strip_query_words else step.text
         words = step.probe.split()
         if not _normal(step.probe) or (rules.strip_query_words and not any(len(w) >= 4 for w in words)):
             dropped.append(DroppedProbe(step.text, "empty"))

@@ -95,7 +95,6 @@ def _renumbered(steps: Sequence[Step], round_index: int) -> list[Step]:
             parent=ids.get(s.parent) if s.parent else None,
             children=[ids[c] for c in s.children if c in ids],
             round=round_index,
-            check=s.check,
         )
         for s in steps
     ]

@@ -219,7 +219,7 @@ def plain_summary(p: Prospection, per_step: int = 1, max_steps: int = 5) -> str:
 
 _STEP_ITEM = {
     "type": "object",
-    "properties": {"action": {"type": "string"}, "check": {"type": "string"}, "dimension": {"type": "string"}},
+    "properties": {"action": {"type": "string"}, "dimension": {"type": "string"}},
     "required": ["action"],
 }
 _NODE_ITEM = {
@@ -228,7 +228,6 @@ _NODE_ITEM = {
         "id": {"type": "string"},
         "parent": {"type": ["string", "null"]},
         "action": {"type": "string"},
-        "check": {"type": "string"},
         "dimension": {"type": "string"},
     },
     "required": ["id", "action"],
@@ -283,12 +282,7 @@ Then list in "ids" the records that matter for this request, most important firs
 list above, and leave out the rest."""
 _COT_REVISE_ITEM = {
     "type": "object",
-    "properties": {
-        "id": {"type": "string"},
-        "action": {"type": "string"},
-        "check": {"type": "string"},
-        "dimension": {"type": "string"},
-    },
+    "properties": {"id": {"type": "string"}, "action": {"type": "string"}, "dimension": {"type": "string"}},
     "required": ["id", "action"],
 }
 COT_REVISE_SCHEMA: dict[str, Any] = {
@@ -349,7 +343,6 @@ def _kept(step: Step, round_index: int) -> Step:
         round=round_index,
         probe=step.probe,
         status="kept",
-        check=step.check,
     )
 
 
@@ -363,12 +356,6 @@ def _item_text(item: Any) -> tuple[str, str | None]:
     if isinstance(item, str):
         return " ".join(item.split())[:_MAX_STEP_CHARS], None
     return "", None
-
-
-def _item_check(item: Any) -> str | None:
-    """The remembered constraint a step names (``check``), on one line and cut to size."""
-    check = item.get("check") if isinstance(item, Mapping) else None
-    return " ".join(check.split())[:_MAX_STEP_CHARS] or None if isinstance(check, str) else None
 
 
 class LLMProspector(Prospector):
@@ -461,7 +448,6 @@ class LLMProspector(Prospector):
                 f"- id {labels[s.id]}"
                 + (f" (under {labels[s.parent]})" if self.strategy == "tot" and s.parent in labels else "")
                 + f": {quoted(s.text, _MAX_STEP_CHARS)}"
-                + (f" (depends on {quoted(s.check, _MAX_STEP_CHARS)})" if s.check else "")
                 + (f" [{quoted(s.dimension)}]" if s.dimension else "")
                 for s in plan
             )
@@ -484,13 +470,12 @@ class LLMProspector(Prospector):
         if self.strategy == "tot":
             fmt = (
                 '{"nodes": [{"id": "<an id above, or new>", "parent": "<the id of the step it follows, or null>", '
-                '"action": "<step>", "check": "<what it depends on>", "dimension": "<one dimension>"}, ...]}'
+                '"action": "<step>", "dimension": "<one dimension>"}, ...]}'
             )
             hint = " A new step may go under any step of the plan: give that step's id as its parent."
         else:
             fmt = (
-                '{"steps": [{"id": "<an id above, or new>", "action": "<step>", "check": "<what it depends on>", '
-                '"dimension": "<one dimension>"}, ...]}'
+                '{"steps": [{"id": "<an id above, or new>", "action": "<step>", "dimension": "<one dimension>"}, ...]}'
             )
             hint = ""
         text = render(
@@ -549,7 +534,7 @@ class LLMProspector(Prospector):
             text, dim = _item_text(item)
             if not text:
                 continue
-            step = Step(id=f"r{p.round}.{i + 1}", text=text, dimension=dim, round=p.round, check=_item_check(item))
+            step = Step(id=f"r{p.round}.{i + 1}", text=text, dimension=dim, round=p.round)
             if self.strategy == "tot" and isinstance(item, Mapping):
                 raw_id, raw_parent = str(item.get("id") or ""), item.get("parent")
                 parent = local.get(str(raw_parent)) or known.get(str(raw_parent)) if raw_parent else None
@@ -592,25 +577,20 @@ class LLMProspector(Prospector):
             old = current.get(raw_id.lower()) or by_words.get(" ".join(text.lower().split()))
             if old is not None and any(s.id == old.id for s in out):
                 old = None  # the same id twice: the second is a new step
-            check = _item_check(item)
             if old is not None:
                 same = " ".join(old.text.lower().split()) == " ".join(text.lower().split())
-                same = same and (check is None or check == old.check)
                 step = Step(
                     id=old.id,
-                    text=text if not same else old.text,
+                    text=old.text if same else text,
                     dimension=dim or old.dimension,
                     parent=old.parent,
                     round=p.round,
                     status="kept" if same else "rewritten",
                     probe=old.probe if same else None,
-                    check=check or old.check,
                 )
             else:
                 added += 1
-                step = Step(
-                    id=f"r{p.round}.{added}", text=text, dimension=dim, round=p.round, status="added", check=check
-                )
+                step = Step(id=f"r{p.round}.{added}", text=text, dimension=dim, round=p.round, status="added")
             if self.strategy == "tot" and isinstance(item, Mapping) and "parent" in item:
                 raw_parent = item.get("parent")
                 parent = (

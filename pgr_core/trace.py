@@ -48,9 +48,6 @@ class Step:
     round: int = 1
     probe: str | None = None  # the text sent to the store, after hygiene (None: not probed)
     status: Literal["added", "kept", "rewritten"] = "added"  # what a Phase-2 revision did with it
-    # what the person may have said before that would change the step, in their words: the text probed
-    # when given (a remembered constraint reads like a memory; an action reads like the request)
-    check: str | None = None
 
 
 @dataclass
