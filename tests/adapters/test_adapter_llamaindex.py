@@ -103,7 +103,7 @@ class ScriptedLlamaLLM(CustomLLM):
                     ]
                 }
             )
-        if "refining a plan" in prompt:
+        if "revising a plan" in prompt:
             return json.dumps(
                 {
                     "nodes": [
