@@ -68,7 +68,7 @@ def reply_for(prompt: str, required: Sequence[str]) -> Any:
         return {"intent": f"decide whether to join the soccer league: {tag}"}
     for key in ("nodes", "steps"):  # a tree (ToT) or a chain (CoT)
         if key in required:
-            if "NEW steps" in prompt:
+            if "revising a plan" in prompt:  # Phase 2: nothing more to add
                 return {key: []}
             return {key: [{"id": "a", "parent": None, "action": f"{tag} knee physio", "dimension": "health"}]}
     if "summary" in required:
