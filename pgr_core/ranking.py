@@ -74,8 +74,6 @@ def _neighbours(found: Mapping[str, FoundFact]) -> dict[str, list[str]]:
     for fid, f in found.items():
         for anchor in f.beside:
             out.setdefault(anchor, []).append(fid)
-    for ids in out.values():  # a fact also hit directly first, as in the fused order
-        ids.sort(key=lambda i: -found[i].score)
     return out
 
 
@@ -88,27 +86,32 @@ def shared_order(found: Mapping[str, FoundFact], probes: Iterable[Probe], query_
     cursor = {"query": 0, "steps": 0}
     lists = {"query": pools.query, "steps": pools.steps}
 
-    def next_of(pool: str) -> str | None:
+    def next_of(pool: str) -> list[str] | None:
+        """The pool's next hit with its window, less what is placed; a hit placed already (as another's
+        neighbour, or by the other pool) still brings its own neighbours when its turn comes."""
         items = lists[pool]
-        while cursor[pool] < len(items) and items[cursor[pool]] in placed:
+        while cursor[pool] < len(items):
+            fid = items[cursor[pool]]
             cursor[pool] += 1
-        return items[cursor[pool]] if cursor[pool] < len(items) else None
+            group = [i for i in dict.fromkeys((fid, *pools.neighbours.get(fid, ()))) if i not in placed]
+            if group:
+                return group
+        return None
 
     while True:
         # the query's turn while it holds less than its share of the slots filled so far (and the next)
         want = "query" if taken["query"] < math.ceil(query_share * (len(out) + 1) - 1e-9) else "steps"
         other = "steps" if want == "query" else "query"
-        fid = next_of(want)
+        group = next_of(want)
         pool = want
-        if fid is None:
-            fid, pool = next_of(other), other
-        if fid is None:
+        if group is None:
+            group, pool = next_of(other), other
+        if group is None:
             break
-        for item in (fid, *pools.neighbours.get(fid, ())):
-            if item not in placed:
-                placed.add(item)
-                out.append(item)
-                taken[pool] += 1
+        for item in group:
+            placed.add(item)
+            out.append(item)
+            taken[pool] += 1
     rest = [f for f in fused_order(found) if f.id not in placed]
     return [found[i] for i in out] + rest
 

@@ -266,3 +266,14 @@ def test_revision_reads_the_prompts_labels_and_repeated_words_as_the_plans_steps
     assert [(s.id, s.status) for s in rnd.steps] == [("r1.1", "kept"), ("r1.2", "rewritten")]
     assert [p.step_id for p in rnd.probes] == ["r1.2"] and not rnd.dropped
     assert "- id s1: " in llm.calls[2].prompt and 'step="s2"' in llm.calls[2].prompt
+
+
+def test_a_hit_placed_as_a_neighbour_still_brings_its_own_neighbours_on_its_turn() -> None:
+    # window 1 over turns t1 t2 t3 t4: the query hits t2 (rank 0), then x, then t3 (rank 2); t3 came in
+    # beside t2 already, and t4 (beside t3 only) follows where t3's own turn comes, as in query-only
+    found = {i: _found(i) for i in ["t2", "x", "t3"]}
+    found["t3"].beside = ["t2"]
+    found["t1"] = _found("t1", via="neighbour", anchor="t2")
+    found["t4"] = _found("t4", via="neighbour", anchor="t3")
+    order = [f.id for f in shared_order(found, [_probe("query", ["t2", "x", "t3"])], 1.0)]
+    assert order == ["t2", "t3", "t1", "x", "t4"]
