@@ -34,7 +34,9 @@ class PGRConfig:
       call names the records that matter; they lead, the shared order fills the rest; a non-choice
       falls back to it) or ``"fused"`` (best weighted reciprocal rank: with ``query_weight`` above
       1.32 the query's top 20 outrank every step-only fact, so ``top(20)`` is the query-only list).
-    - ``query_share``: the query's share of every prefix under ``"shared"`` and ``"llm"`` (0.5).
+    - ``query_share``: the query's share of every prefix under ``"shared"`` and ``"llm"`` (0.75,
+      chosen on MQ-lite dev: with the local 1.5B model's steps and with the facet prospector, a
+      larger share lost less of the query's own finds; see benchmarks/RESULTS.md).
     - ``query_weight``: weight of the query's own hit list under ``"fused"``.
     - ``answer_context_tokens``: how much of R* (in its order) the answer prompt holds (1500 tokens).
     - ``budget``: the :class:`Budget` every call runs under (LLM calls, tokens, deadline; no cap by
@@ -70,7 +72,7 @@ class PGRConfig:
     query_top_k: int = 20
     query_weight: float = 1.5
     ranking: str = "shared"
-    query_share: float = 0.5
+    query_share: float = 0.75
     answer_context_tokens: int = 1500
     augment: bool = True
     hygiene: Hygiene = field(default_factory=Hygiene)

@@ -9,8 +9,9 @@ chosen by ``PGRConfig.ranking``:
   ``top(20)`` is the query-only list: prospection only appends.
 - ``"shared"``: the budget is shared. Every prefix of R* gives the query's own list ``query_share``
   of its slots (its hits in their order) and the step probes the rest, filled round-robin over the
-  probes (every probe's best hit, then every probe's second...), facts that several step probes
-  returned first. A fact both lists hold takes the first slot either gives it.
+  probes (every probe's best hit, then every probe's second...); a fact that several step probes
+  returned moves up one round per extra probe, and goes first among its round. A fact both lists
+  hold takes the first slot either gives it.
 - ``"llm"``: the summary call also names the records that matter, most important first; they lead,
   and the shared order fills the rest. A reply that does not choose (the records' own order echoed,
   unknown ids, fewer than ``min_chosen``) is ignored and the shared order used; the trace says why.
@@ -61,8 +62,15 @@ def _pools(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> _Pools:
         order += 1
     pools = _Pools()
     pools.query = sorted(query_rank, key=lambda fid: query_rank[fid])
-    # several probes agreeing first; then round-robin: best rank in any probe, earlier probe first
-    pools.steps = sorted(step_hits, key=lambda fid: (-len(step_hits[fid]), *min(step_hits[fid])))
+
+    # round-robin over the probes (every probe's best hit, then every probe's second...), a fact that
+    # several probes returned moved up one round per extra probe (and first among its round): agreement
+    # counts, but a weak fact every probe grazes cannot outrank what each probe found best
+    def key(fid: str) -> tuple[int, int, int, int]:
+        rank, order = min(step_hits[fid])
+        return (rank - (len(step_hits[fid]) - 1), -len(step_hits[fid]), rank, order)
+
+    pools.steps = sorted(step_hits, key=key)
     pools.neighbours = _neighbours(found)
     return pools
 

@@ -245,9 +245,9 @@ def test_guideline_induction_pgr_retrieval_gets_the_budgeted_head_of_r_star() ->
 
     store = far_store()
     example = TrainingExample(id="e1", sessions=(), question=QUERY, answer="wait")
-    facts = retrieve_for(store, U, example, scripted(), InductionConfig(retrieval="pgr", context_tokens=200))
+    facts = retrieve_for(store, U, example, scripted(), InductionConfig(retrieval="pgr", context_tokens=400))
     assert set(FAR) <= {f.id for f in facts}  # step finds are in the answerer's context
-    baseline = retrieve_for(store, U, example, scripted(), InductionConfig(retrieval="query-only", context_tokens=200))
+    baseline = retrieve_for(store, U, example, scripted(), InductionConfig(retrieval="query-only", context_tokens=400))
     assert not set(FAR) & {f.id for f in baseline} and abs(len(baseline) - len(facts)) <= 2  # same context size
 
 
