@@ -30,9 +30,16 @@ from .errors import (
     LLMTimeoutError,
 )
 
-__all__ = ["LLM", "Completion", "OpenAICompatible", "Usage", "llm_from_env", "parse_json"]
+__all__ = ["LLM", "Completion", "OpenAICompatible", "Usage", "estimate_tokens", "llm_from_env", "parse_json"]
 
 Message = Mapping[str, str]
+
+
+def estimate_tokens(text: str) -> int:
+    """A text's length in tokens, guessed as characters / 4 (prompt budgets, servers that report none)."""
+    return len(text) // 4
+
+
 StructuredMode = Literal["auto", "json_schema", "json_object", "none"]
 
 
@@ -49,8 +56,8 @@ class Usage:
     @classmethod
     def estimate(cls, messages: Sequence[Message], text: str, *, estimated: bool = True) -> Usage:
         """Token counts guessed as characters / 4, for servers (and stand-ins) that report none."""
-        prompt_chars = sum(len(m.get("content", "")) for m in messages)
-        return cls(prompt_chars // 4, len(text) // 4, estimated=estimated)
+        prompt = sum(estimate_tokens(m.get("content", "")) for m in messages)
+        return cls(prompt, estimate_tokens(text), estimated=estimated)
 
 
 @dataclass(frozen=True)

@@ -447,33 +447,36 @@ class PGR(Savings, Drivers):
         with self._phase(p.trace, "summary"):
             skipped = p.trace.stop_reason == "adaptive_skip"
             if p.trace.degraded or p.trace.budget_hit or self.llm is None or skipped:
-                if p.want_choice:
-                    p.trace.ranking_fallback = "no summary call (no LLM, degraded, a cap hit or an adaptive skip)"
-                return plain_summary(p)
+                return self._without_choice(p, "no summary call (no LLM, degraded, a cap hit or an adaptive skip)")
             try:
                 summary = yield from self.prospector.summarize(p)
-                p.trace.summary_fact_ids = list(p.summary_shown)
-                if p.want_choice:
-                    self._take_choice(p)
             except LLMError as exc:
                 p.trace.errors.append(f"summary: {type(exc).__name__}: {exc}")
                 p.trace.degraded = True
-                if p.want_choice:
-                    p.trace.ranking_fallback = "the summary call failed"
-                return plain_summary(p)
+                return self._without_choice(p, "the summary call failed")
             except BudgetStop as stop:  # the rounds ended on their own: stop_reason keeps why
                 p.trace.hit_budget(stop.reason, stop.phase)
-                if p.want_choice:
-                    p.trace.ranking_fallback = f"no summary call ({stop.reason})"
-                return plain_summary(p)
+                return self._without_choice(p, f"no summary call ({stop.reason})")
+            self._take_choice(p)
         return str(summary).strip()[:_MAX_SUMMARY_CHARS] or plain_summary(p)
 
-    def _take_choice(self, p: Prospection) -> None:
+    @staticmethod
+    def _without_choice(p: Prospection, why: str) -> str:
+        """The LLM-free summary; ranking "llm" records why it has no choice to rank by."""
+        if p.want_choice:
+            p.trace.ranking_fallback = why
+        return plain_summary(p)
+
+    @staticmethod
+    def _take_choice(p: Prospection) -> None:
         """Ranking "llm": keep the records the summary call named, unless its reply made no choice."""
-        if not p.summary_shown:
+        if not p.want_choice:
+            return
+        shown = p.trace.summary_fact_ids
+        if not shown:
             p.trace.ranking_fallback = "the prospector shows the summary no records"
             return
-        choice = choose(p.choice, p.summary_shown)
+        choice = choose(p.choice, shown)
         p.trace.chosen_ids, p.trace.ranking_fallback = choice.chosen, choice.fallback
 
     def _query_only_flow(
@@ -621,22 +624,19 @@ class PGR(Savings, Drivers):
                     known.round, known.probe, known.step_id = rnd.index, probe.text, probe.step_id
                     rnd.new_fact_ids.append(hit.fact.id)
 
-    def _order(self, p: Prospection) -> list[FoundFact]:
-        """R in the configured order (see :mod:`pgr_core.ranking`); "llm" uses the summary's choice
-        once there is one, the shared order until then."""
-        cfg = self.config
-        if cfg.ranking == "fused" or p.trace.stop_reason == "adaptive_skip":
-            return fused_order(p.found)
-        probes = [pr for r in p.trace.rounds for pr in r.probes]
-        if cfg.ranking == "llm" and p.trace.chosen_ids:
-            return llm_order(p.found, probes, cfg.query_share, p.trace.chosen_ids)
-        return shared_order(p.found, probes, cfg.query_share)
-
     def _ranked(self, p: Prospection) -> list[FoundFact]:
-        """R*, ordered for a budget and cut to ``max_facts``."""
-        p.trace.ranking = "fused" if p.trace.stop_reason == "adaptive_skip" else self.config.ranking
-        facts = self._order(p)
-        return facts[: self.config.max_facts] if self.config.max_facts else facts
+        """R*, in the configured order (see :mod:`pgr_core.ranking`) and cut to ``max_facts``. An
+        adaptive skip keeps the query's own order; "llm" without a usable choice is the shared order."""
+        cfg = self.config
+        p.trace.ranking = ranking = "fused" if p.trace.stop_reason == "adaptive_skip" else cfg.ranking
+        probes = [pr for r in p.trace.rounds for pr in r.probes]
+        if ranking == "fused":
+            facts = fused_order(p.found)
+        elif ranking == "llm" and p.trace.chosen_ids:
+            facts = llm_order(p.found, probes, cfg.query_share, p.trace.chosen_ids)
+        else:
+            facts = shared_order(p.found, probes, cfg.query_share)
+        return facts[: cfg.max_facts] if cfg.max_facts else facts
 
     @contextmanager
     def _embeds(self, trace: Trace, phase: str) -> Iterator[None]:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from ._dates import relative_age
 from ._effects import Ask, Flow
 from .errors import InvalidArgumentError, LLMOutputError
-from .llm import parse_json
+from .llm import estimate_tokens, parse_json
 from .prompts import render
 from .trace import FoundFact, Step, Trace
 from .types import Hit, Scope
@@ -76,7 +76,6 @@ class Prospection:
     context_top: float | None = None  # the best score among the records augmentation saw
     want_choice: bool = False  # ranking "llm": the summary call also names the records that matter
     choice: Any = None  # ...the ids it named, unchecked (see pgr_core.ranking.choose)
-    summary_shown: list[str] = field(default_factory=list)  # fact ids of the summary's records, in order
     _quoted: dict[str, str] = field(default_factory=dict, repr=False)  # fact id -> its quoted text, this call
 
     def findings(self) -> list[FoundFact]:
@@ -125,14 +124,11 @@ class Prospection:
                 text = self._quoted[fact.id] = quoted(fact.text, 1000)
             step = ""
             if with_step:
-                label_of = (
-                    (step_labels.get(found.step_id, "earlier") if found.step_id else "request")
-                    if step_labels is not None
-                    else _safe_id(found.step_id) or "request"
+                step = f' step="{_step_label(found.step_id, step_labels)}"' + (
+                    ' via="window"' if found.via == "neighbour" else ""
                 )
-                step = f' step="{_safe_id(label_of)}"' + (' via="window"' if found.via == "neighbour" else "")
             line = f'<record id="{label}{len(lines) + 1}"{step} noted="{age}">{text}</record>'
-            cost = len(line) // 4 + 1
+            cost = estimate_tokens(line) + 1
             if max_tokens is not None and used + cost > max_tokens and lines:
                 break
             used += cost
@@ -140,6 +136,16 @@ class Prospection:
             if shown is not None:
                 shown.append(fact.id)
         return "\n".join(lines) if lines else "(none)"
+
+
+def _step_label(step_id: str | None, labels: Mapping[str, str] | None) -> str:
+    """How a record names the step that found it: the prompt's label for it (``"earlier"`` for a step
+    the prompt does not show), else its id; ``"request"`` for the request itself."""
+    if step_id is None:
+        return "request"
+    if labels is not None:
+        return _safe_id(labels.get(step_id, "earlier"))
+    return _safe_id(step_id) or "request"
 
 
 def _safe_id(value: str | None) -> str:
@@ -491,7 +497,7 @@ class LLMProspector(Prospector):
         )
         schema, check = self._revise_schemas
         reply = yield from ask_json(p, "personalized", text, schema, check, self.max_tokens)
-        return self._revised(reply, p, plan, {label: s for s, label in ((s, labels[s.id]) for s in plan)})
+        return self._revised(reply, p, plan, {labels[s.id]: s for s in plan})
 
     def summarize(self, p: Prospection) -> Flow:
         """The briefing; with ``p.want_choice`` the same call names the records that matter (``p.choice``)."""
@@ -503,7 +509,7 @@ class LLMProspector(Prospector):
             return "Nothing in memory bears on this request."
         shown: list[str] = []
         records = p.memory_lines(ranked, max_tokens=self.summary_tokens, label="r", with_step=True, shown=shown)
-        p.summary_shown = shown
+        p.trace.summary_fact_ids = shown
         plan = (
             "\n".join(f"- id {_safe_id(s.id)}: {quoted(s.text, _MAX_STEP_CHARS)}" for s in steps.values()) or "(none)"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from .llm import estimate_tokens
 from .types import Fact
 
 __all__ = [
@@ -158,11 +159,6 @@ class FoundFact:
     beside: list[str] = field(default_factory=list)  # the hits whose window brought it in (a hit may have some)
 
     @property
-    def anchor(self) -> str | None:
-        """For a fact reached only through the window: the hit it first came in beside."""
-        return self.beside[0] if self.via == "neighbour" and self.beside else None
-
-    @property
     def id(self) -> str:
         return self.fact.id
 
@@ -281,7 +277,7 @@ class RetrievalResult:
         out: list[FoundFact] = []
         used = 0
         for f in self.facts:
-            cost = len(f.text) // 4 + 1 + per_fact
+            cost = estimate_tokens(f.text) + 1 + per_fact
             if out and used + cost > max_tokens:
                 break
             used += cost
