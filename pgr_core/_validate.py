@@ -1,0 +1,100 @@
+"""What every store checks at the write, so a bad fact is refused before anything is stored.
+
+A fact that would fail later (at ``save()``, at a checkpoint, in a windowed search) is refused here
+with an :class:`~pgr_core.errors.InvalidArgumentError` naming the field: text that is not encodable
+UTF-8 (a lone surrogate), metadata that is not JSON, a position that is not an integer, a date that is
+not a ``datetime``. :func:`check_vectors` refuses NaN, infinite or zero vectors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+from .types import Fact, Scope
+
+__all__ = ["MAX_TEXT_CHARS", "check_fact", "check_facts", "check_vectors"]
+
+MAX_TEXT_CHARS = 100_000  # one fact; anything longer is a document, not a memory
+
+
+def _utf8(value: str, what: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"{what} is not valid UTF-8 text (character {exc.start}: {value[exc.start:exc.end]!r}, a lone "
+            "surrogate?); clean the text before storing it"
+        ) from None
+
+
+def check_fact(fact: object, index: int = 0) -> Fact:
+    if not isinstance(fact, Fact):
+        raise InvalidArgumentError(f"item {index} is a {type(fact).__name__}, not a Fact")
+    if not isinstance(fact.id, str) or not fact.id or not fact.id.strip():
+        raise InvalidArgumentError(f"fact {index} needs a non-empty string id, got {fact.id!r}")
+    _utf8(fact.id, f"fact {index}'s id")
+    name = f"fact {fact.id!r}"
+    if not isinstance(fact.scope, Scope):
+        raise InvalidArgumentError(f"{name}: scope must be a Scope, got {type(fact.scope).__name__}")
+    if not isinstance(fact.text, str) or not fact.text.strip():
+        raise InvalidArgumentError(f"{name}: text must be a non-empty string, got {fact.text!r:.60}")
+    if len(fact.text) > MAX_TEXT_CHARS:
+        raise InvalidArgumentError(f"{name}: text is {len(fact.text)} characters, over {MAX_TEXT_CHARS}; split it")
+    _utf8(fact.text, f"{name}'s text")
+    for field in ("type", "session_id"):
+        value = getattr(fact, field)
+        if value is not None:
+            if not isinstance(value, str):
+                raise InvalidArgumentError(f"{name}: {field} must be a string or None, got {type(value).__name__}")
+            _utf8(value, f"{name}'s {field}")
+    for field in ("date", "updated_at"):
+        value = getattr(fact, field)
+        if value is not None and not isinstance(value, datetime):
+            raise InvalidArgumentError(
+                f"{name}: {field} must be a datetime or None, got {type(value).__name__} {value!r:.40} "
+                "(parse it first: pgr_core._dates.parse_date, or pass date= to add())"
+            )
+    pos = fact.position
+    if pos is not None and (isinstance(pos, bool) or not isinstance(pos, int) or pos < 0):
+        raise InvalidArgumentError(f"{name}: position must be an integer >= 0 or None, got {pos!r}")
+    if (fact.session_id is None) != (pos is None):
+        raise InvalidArgumentError(f"{name}: give both session_id and position, or neither")
+    try:
+        json.dumps(dict(fact.metadata), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError, UnicodeEncodeError) as exc:
+        raise InvalidArgumentError(f"{name}: metadata must be JSON (strings, numbers, lists, objects): {exc}") from None
+    return fact
+
+
+def check_facts(facts: Sequence[Any]) -> list[Fact]:
+    """Every fact checked before any is stored; a duplicate id within one batch is refused."""
+    out = [check_fact(f, i) for i, f in enumerate(facts)]
+    seen: dict[str, Scope] = {}
+    for f in out:
+        other = seen.get(f.id)
+        if other is not None and other != f.scope:
+            raise InvalidArgumentError(f"fact id {f.id!r} appears twice in one batch with different owners")
+        seen[f.id] = f.scope
+    return out
+
+
+def check_vectors(vectors: Any, rows: int, dim: int) -> np.ndarray:
+    """``vectors`` as a float32 (rows, dim) array of finite, non-zero rows."""
+    arr = np.asarray(vectors, dtype=np.float32)
+    if arr.shape != (rows, dim):
+        raise InvalidArgumentError(f"vectors must have shape ({rows}, {dim}), got {arr.shape}")
+    if rows and not np.isfinite(arr).all():
+        bad = int(np.nonzero(~np.isfinite(arr).all(axis=1))[0][0])
+        raise InvalidArgumentError(f"vector {bad} holds NaN or infinite values; re-embed that fact")
+    if rows:
+        norms = np.linalg.norm(arr, axis=1)
+        if (norms == 0).any() or not all(math.isfinite(float(n)) for n in norms):
+            raise InvalidArgumentError(f"vector {int(np.argmin(norms))} is all zeros; re-embed that fact")
+    return arr
