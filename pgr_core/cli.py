@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .embedders import Embedder, HashingEmbedder, MiniLMEmbedder, minilm_available
-from .errors import PGRError
+from .errors import InvalidArgumentError, PGRError
 from .llm import LLM, llm_from_env
 from .trace import RetrievalResult, Step
 
@@ -245,6 +245,38 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
+    """``--set NAME=VALUE`` pairs, VALUE in JSON (``3``, ``0.5``, ``true``, ``"llm"``); a bare word is
+    taken as a string. Each must name a PGR option (checked here, before any loading)."""
+    from dataclasses import fields
+
+    from .config import PGRConfig
+
+    known = {f.name for f in fields(PGRConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise InvalidArgumentError(f"--set {item!r}: write NAME=VALUE, e.g. --set delta=3")
+        if name not in known:
+            raise InvalidArgumentError(f"--set {item!r}: {name!r} is not a PGR option; known: {', '.join(sorted(known))}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            if not raw.strip() or not raw.strip().replace("_", "").isalpha():
+                raise InvalidArgumentError(
+                    f"--set {item!r}: the value must be JSON (3, 0.5, true, \"llm\") or a plain word"
+                ) from None
+            value = raw.strip()
+        out[name] = value
+    try:
+        PGRConfig(**out)
+    except TypeError as exc:
+        raise InvalidArgumentError(f"--set: {exc}") from None
+    return out
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Compare retrieval methods on a data set; write JSON, Markdown and a PNG chart."""
     from .evaluation import load_set, markdown, summarise, write_report
@@ -254,6 +286,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         parse_method(m)  # fail before any loading
+    overrides = parse_set_options(args.set)
     for pair in args.win_rate:
         if pair.count(":") != 1 or not set(pair.split(":")) <= set(methods):
             _say(f"pgr: error: --win-rate {pair!r}: write A:B with A and B among --methods")
@@ -268,7 +301,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _say(f"{data.name}: {len(data.questions)} questions over {len(data.facts)} facts")
     json_path: Path = args.json
     records = json_path.with_suffix(".records.jsonl")
-    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     if args.report_only:
         from .evaluation.runner import read_records
 
@@ -495,6 +527,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PGRError as exc:
         _say(f"pgr: error: {exc}")
         return 2
+    except OSError as exc:  # a path the user gave: unreadable, unwritable, a folder where a file goes...
+        where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+        _say(f"pgr: error: cannot use{where}: {exc.strerror or exc}")
+        return 2
+    except KeyboardInterrupt:
+        _say("pgr: interrupted")
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

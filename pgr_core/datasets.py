@@ -67,7 +67,16 @@ def load_locomo(path: str | Path) -> Locomo:
         path = path / "locomo10.json"
     if not path.exists():
         raise InvalidArgumentError(f"no LoCoMo file at {path} (expected locomo10.json)")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    hint = " (a JSON Lines file? evaluate it with `pgr eval jsonl`)" if path.suffix == ".jsonl" else ""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"{path} is not a LoCoMo JSON file{hint}: {exc}") from None
+    if not isinstance(data, list) or not all(isinstance(c, dict) and "conversation" in c for c in data):
+        raise InvalidArgumentError(
+            f"{path} is not a LoCoMo JSON file{hint}: LoCoMo is one list of conversations, each with "
+            "sample_id and conversation"
+        )
     facts: list[Fact] = []
     questions: list[LocomoQuestion] = []
     unresolved_total = 0
