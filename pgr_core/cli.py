@@ -260,7 +260,8 @@ def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
         if not sep or not name:
             raise InvalidArgumentError(f"--set {item!r}: write NAME=VALUE, e.g. --set delta=3")
         if name not in known:
-            raise InvalidArgumentError(f"--set {item!r}: {name!r} is not a PGR option; known: {', '.join(sorted(known))}")
+            options = ", ".join(sorted(known))
+            raise InvalidArgumentError(f"--set {item!r}: {name!r} is not a PGR option; known: {options}")
         try:
             value = json.loads(raw)
         except ValueError:

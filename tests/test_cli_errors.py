@@ -20,7 +20,9 @@ def tiny_set(tmp_path: Path) -> Path:
             {"id": "u:f1", "text": "I hurt my knee in March", "date": "2025-03-01"},
             {"id": "u:f2", "text": "I sold my car last year", "date": "2025-01-01"},
         ],
-        "queries": [{"id": "u:q1", "query": "Should I run a 10k?", "references": [{"text": "knee", "fact_ids": ["u:f1"]}]}],
+        "queries": [
+            {"id": "u:q1", "query": "Should I run a 10k?", "references": [{"text": "knee", "fact_ids": ["u:f1"]}]}
+        ],
     }]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     return path
