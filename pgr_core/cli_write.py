@@ -2,7 +2,11 @@
 
 ``register(sub)`` adds them to the ``pgr`` parser (called from :func:`pgr_core.cli.build_parser`).
 A store file ``S`` keeps its ingestion ledger in ``S.ledger.jsonl`` and its consolidation journal in
-``S.journal.jsonl``, beside it.
+``S.journal.jsonl``, beside it (a directory store keeps its ledger in ``S/ledger.sqlite3``, see
+:func:`~pgr_core.write.ledger.ledger_path_for`). ``pgr ingest`` and ``pgr consolidate`` hold the
+store's lock (:class:`~pgr_core._filelock.StoreLock`) for the whole run, from before the store and
+its ledger are read until the last save: a second run on the same store waits up to
+``--lock-timeout`` seconds, then stops with a one-line error naming the process that holds it.
 """
 
 from __future__ import annotations
@@ -57,6 +61,22 @@ def _beside(path: Path, suffix: str) -> Path:
     return path.with_name(path.name + suffix)
 
 
+def _ledger_path(out: Path) -> Path:
+    from .write.ledger import ledger_path_for
+
+    return ledger_path_for(out, directory=out.is_dir())
+
+
+def _lock(out: Path, args: argparse.Namespace, what: str) -> Any:
+    """The store's lock, held for the whole command (a second writer waits, then is told who holds it)."""
+    from ._filelock import StoreLock
+
+    timeout = args.lock_timeout
+    if timeout is not None and timeout < 0:
+        raise InvalidArgumentError(f"--lock-timeout must be >= 0 seconds, got {timeout:g}")
+    return StoreLock(out, timeout_s=timeout, what=what)
+
+
 def _guideline(path: Path | None) -> Any:
     from .write import DEFAULT_GUIDELINE, Guideline
 
@@ -81,7 +101,7 @@ def _consolidator(store: Any, llm: LLM | None, out: Path, args: argparse.Namespa
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     """Sessions from a data set into a store file, raw or extracted; resumable (rerun the command)."""
-    from .write import Ingestor, Journal, Ledger, jsonl_sessions, locomo_sessions
+    from .write import jsonl_sessions, locomo_sessions
 
     users_filter = args.user or None
     loader = locomo_sessions if args.source == "locomo" else jsonl_sessions
@@ -92,6 +112,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         )
     llm = _llm(args, required="--mode extract") if args.mode == "extract" else None
     out: Path = args.out
+    with _lock(out, args, "pgr ingest"):  # before the store and its ledger are read
+        return _ingest_locked(args, users, llm, out)
+
+
+def _ingest_locked(args: argparse.Namespace, users: list[Any], llm: LLM | None, out: Path) -> int:
+    from .write import Journal
+    from .write.ledger import open_ledger
+
     store = _store(out, args.embedder, create=True)
     consolidator = None
     if llm is not None and args.consolidate_every > 0:
@@ -100,11 +128,20 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         consolidator = _consolidator(store, None, out, args)  # roll forward what a crash left behind
     if consolidator is not None and consolidator.recovered:
         _say(f"recovered {consolidator.recovered} interrupted consolidation swap(s)")
+    with open_ledger(_ledger_path(out)) as ledger:
+        return _ingest_run(args, users, llm, out, store, consolidator, ledger)
+
+
+def _ingest_run(
+    args: argparse.Namespace, users: list[Any], llm: LLM | None, out: Path, store: Any, consolidator: Any, ledger: Any
+) -> int:
+    from .write import Ingestor
+
     ingestor = Ingestor(
         store,
         llm,
         guideline=_guideline(args.guideline),
-        ledger=Ledger(_beside(out, ".ledger.jsonl")),
+        ledger=ledger,
         window=args.window,
         speakers=[s for s in (args.speakers or "").split(",") if s] or None,
         consolidate_every=args.consolidate_every if args.consolidate_every > 0 else None,
@@ -130,7 +167,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         )
         for user, session, error in report.failed[:10]:
             print(f"  failed {user}/{session}: {error} (retried on the next run)")
-        print(f"store: {out} ({len(store)} facts); ledger: {_beside(out, '.ledger.jsonl')}")
+        print(f"store: {out} ({len(store)} facts); ledger: {_ledger_path(out)}")
         first = users[0].scope.user_id
         print(f'search it: pgr retrieve --store {out} --user {first} "..."')
     return 1 if report.failed and not report.ingested else 0
@@ -138,10 +175,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_consolidate(args: argparse.Namespace) -> int:
     """Merge near-duplicate facts of the same week in a store file, per user."""
-    from .types import Scope
-    from .write import Ledger
-
     out: Path = args.store
+    with _lock(out, args, "pgr consolidate"):
+        return _consolidate_locked(args, out)
+
+
+def _consolidate_locked(args: argparse.Namespace, out: Path) -> int:
+    from .write.ledger import open_ledger
+
     store = _store(out, args.embedder, create=False)
     llm = _llm(args)
     if llm is None:
@@ -151,12 +192,24 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
     if consolidator.recovered:
         _say(f"recovered {consolidator.recovered} interrupted swap(s)")
     users = args.user or sorted({f.scope.user_id for f in store.facts if f.scope.user_id})
-    ledger_path = _beside(out, ".ledger.jsonl")
-    ledger = Ledger(ledger_path) if ledger_path.exists() else None
+    ledger_path = _ledger_path(out)
+    ledger = open_ledger(ledger_path) if ledger_path.exists() else None
+    try:
+        return _consolidate_users(args, out, store, consolidator, users, ledger)
+    finally:
+        if ledger is not None:
+            ledger.close()
+
+
+def _consolidate_users(
+    args: argparse.Namespace, out: Path, store: Any, consolidator: Any, users: list[str], ledger: Any
+) -> int:
+    from .types import Scope
+
     reports = []
     for user in users:
         report = consolidator.consolidate(Scope(user_id=user))
-        if ledger is not None:
+        if ledger is not None:  # each swap was checkpointed: the merges are durable already
             ledger.record_consolidation(Scope(user_id=user), report.merged)
         reports.append(report.to_dict())
         if not args.json:
@@ -235,6 +288,15 @@ def _llm_options(p: argparse.ArgumentParser, *, timeout: float = 120.0) -> None:
     p.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
 
 
+def _lock_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for another process writing the same store (30; 0: do not wait)",
+    )
+
+
 def _merge_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=0.85, help="cosine a cluster's facts share pairwise (0.85)")
     p.add_argument("--window-days", type=float, default=7.0, help="most days between a cluster's latest dates (7)")
@@ -265,6 +327,7 @@ def register(sub: Any) -> None:
     ing.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     ing.add_argument("--json", action="store_true", help="print the report as one JSON object")
     _merge_options(ing)
+    _lock_option(ing)
     _llm_options(ing)
     ing.set_defaults(func=cmd_ingest)
 
@@ -275,6 +338,7 @@ def register(sub: Any) -> None:
     con.add_argument("--no-llm", action="store_true", help="merge without an LLM (keep the most repeated wording)")
     con.add_argument("--json", action="store_true")
     _merge_options(con)
+    _lock_option(con)
     _llm_options(con)
     con.set_defaults(func=cmd_consolidate)
 

@@ -2,16 +2,24 @@
 
 In the order it runs:
 
-1. cluster a user's facts by cosine similarity (every pair in a cluster at least ``threshold``),
-   admitting a fact only while the cluster's latest dates stay within ``window_days`` (7) of each
-   other; undated facts and raw turns are left alone;
-2. one LLM merge per cluster (without an LLM: the most repeated, then latest, wording is kept);
-3. the merged fact sums the frequencies, unions provenance and entities, and records the ids it
-   replaces (``metadata["merged_from"]``);
-4. the swap goes through a write-ahead :class:`Journal`: intent (the merged fact and the originals,
+1. group a scope's facts by their exact owner (a merge never crosses owners: ``Scope(agent_id="bot")``
+   sees alice's and bob's facts, and merges each one's apart);
+2. cluster each owner's facts by cosine similarity (every pair in a cluster at least ``threshold``),
+   admitting a fact only while the cluster's whole span of dates stays within ``window_days`` (7);
+   undated facts and raw turns are left alone;
+3. one LLM merge per cluster (without an LLM: the most repeated, then latest, wording is kept);
+4. the merged fact sums the frequencies, unions provenance and entities, and records the ids it
+   replaces (``metadata["merged_from"]``), the texts of the original facts it stands for
+   (``metadata["merged_texts"]``) and their first and last dates (``metadata["span"]``);
+5. the swap goes through a write-ahead :class:`Journal`: intent (the merged fact and the originals,
    flushed to disk) → add the merged fact → delete the originals → checkpoint the store → commit.
 
-If the LLM fails, nothing of that cluster is written. If the process dies anywhere in step 4, the
+Consolidation is a fixed point: a merged fact is compared through the original facts it stands for
+(similarity is the least over their texts, the window holds for its whole span, ``max_cluster``
+counts originals), so running it again on its own output finds nothing more to merge, however the
+LLM worded the merge; only facts that came in since can join.
+
+If the LLM fails, nothing of that cluster is written. If the process dies anywhere in step 5, the
 next :class:`Consolidator` on the same store and journal rolls every uncommitted intent forward: the
 merged fact has a fixed id (derived from the ids it replaces), so adding it again replaces it, and
 deleting originals already gone deletes nothing. No fact is lost and none is duplicated.
@@ -20,10 +28,10 @@ deleting originals already gone deletes nothing. No fact is lost and none is dup
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
-import os
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,16 +39,18 @@ from typing import Any
 
 import numpy as np
 
+from .._dates import parse_date
 from ..embedders import Embedder
-from ..errors import InvalidArgumentError, LLMError, LLMOutputError
+from ..errors import ConfigurationError, InvalidArgumentError, LLMError, LLMOutputError, PGRError, StoreError
 from ..llm import LLM, parse_json
 from ..prompts import render
 from ..types import Fact, Scope
 from .guideline import FACT_TYPES
+from .ledger import append_jsonl, read_jsonl_records
 from .sessions import scope_label
 from .stores import FactWriter, fact_from_dict, latest_date, writer_for
 
-__all__ = ["ConsolidationReport", "Consolidator", "Journal", "MERGE_SCHEMA"]
+__all__ = ["ConsolidationReport", "Consolidator", "Journal", "MERGE_SCHEMA", "listed_facts", "remove_owned"]
 
 MERGE_SCHEMA = {
     "type": "object",
@@ -67,32 +77,71 @@ class ConsolidationReport:
         return asdict(self)
 
 
+_JOURNAL_KEYS = {"intent": {"op", "swap", "merged", "originals"}, "commit": {"op", "swap"}}
+_JOURNAL_ADVICE = (
+    "the journal holds consolidation swaps not yet finished: restore the line from a backup, or move "
+    "the journal away and check the store for facts a swap left half done (a merged fact next to the "
+    "facts named in its merged_from)"
+)
+
+
+def _check_journal_record(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        kind = "array" if isinstance(value, list) else type(value).__name__
+        return f"a JSON {kind}, not a journal record (an object)"
+    op = value.get("op")
+    if op not in _JOURNAL_KEYS:
+        return f"'op' must be 'intent' or 'commit', got {op!r}"
+    unknown = sorted(set(value) - _JOURNAL_KEYS[op])
+    missing = sorted(_JOURNAL_KEYS[op] - set(value))
+    if unknown or missing:
+        return f"{op} record with " + "; ".join(
+            part for part in (unknown and f"unknown key(s) {unknown}", missing and f"missing {missing}") if part
+        )
+    if not isinstance(value["swap"], str):
+        return f"'swap' must be a string, got {value['swap']!r}"
+    if op == "intent":
+        if not isinstance(value["originals"], list):
+            return "'originals' must be a list of facts"
+        for what, data in [("merged", value["merged"]), *(("originals", f) for f in value["originals"])]:
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError(f"a {type(data).__name__}, not a fact object")
+                fact_from_dict(data)
+            except (KeyError, TypeError, ValueError, PGRError) as exc:
+                return f"'{what}' holds a fact that cannot be read ({type(exc).__name__}: {exc})"
+    return None
+
+
 class Journal:
     """Write-ahead record of cluster swaps: ``intent`` lines (with full facts) and ``commit`` lines.
 
-    In memory when ``path`` is None. Each line is flushed and fsynced before the store is touched; a
-    line torn by a crash is ignored (its swap had not started).
+    In memory when ``path`` is None. Each line is flushed and fsynced before the store is touched. A
+    last line torn by a crash is skipped with a warning (its swap had not started) and cut off before
+    the next line is written; any other unreadable line is a ConfigurationError naming the line.
     """
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else None
         self._lines: list[dict[str, Any]] = []
+        self._cut_at: int | None = None
         if self.path is not None and self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    self._lines.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+            records, self._cut_at = read_jsonl_records(
+                self.path,
+                check=_check_journal_record,
+                advice=_JOURNAL_ADVICE,
+                torn_means="that swap had not started",
+            )
+            self._lines = [record for _, record in records]
 
     def _write(self, record: dict[str, Any]) -> None:
+        if self.path is not None:
+            if self._cut_at is not None and self.path.exists() and self.path.stat().st_size > self._cut_at:
+                with self.path.open("r+b") as fh:  # a torn tail: the next line starts on its own
+                    fh.truncate(self._cut_at)
+            self._cut_at = None
+            append_jsonl(self.path, [record])
         self._lines.append(record)
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
 
     def intent(self, swap: str, merged: Fact, originals: Sequence[Fact]) -> None:
         self._write(
@@ -116,10 +165,58 @@ class Journal:
         if self.pending():
             return
         self._lines = []
+        self._cut_at = None
         if self.path is not None and self.path.exists():
             tmp = self.path.with_suffix(self.path.suffix + ".tmp")
             tmp.write_text("", encoding="utf-8")
             tmp.replace(self.path)
+
+
+# --------------------------------------------------------------------------- listing and deleting by owner
+
+
+def listed_facts(writer: FactWriter, scope: Scope) -> list[Fact]:
+    """Every fact ``scope`` sees: the store's ``facts_for(scope)``, else its ``facts`` listing."""
+    facts_for = getattr(writer.store, "facts_for", None)
+    if callable(facts_for):
+        return [f for f in facts_for(scope) if scope.allows(f.scope)]
+    return writer.facts_of(scope)
+
+
+def _takes_scope(method: Any) -> bool:
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "scope" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def remove_owned(writer: FactWriter, ids: Iterable[str], scope: Scope) -> int:
+    """Delete the facts ``ids`` of the owner ``scope`` (``delete(ids, scope=scope)`` where the store
+    takes a scope, so an id never reaches a fact ``scope`` may not see); returns how many went."""
+    wanted = list(dict.fromkeys(ids))
+    if not wanted:
+        return 0
+    delete = getattr(writer.store, "delete", None)
+    if not callable(delete):
+        raise ConfigurationError(f"{writer.name} has no delete(ids): facts cannot be removed from it")
+    try:
+        return int((delete(wanted, scope=scope) if _takes_scope(delete) else delete(wanted)) or 0)
+    except PGRError:
+        raise
+    except Exception as exc:
+        raise StoreError(f"{writer.name} failed to delete {len(wanted)} fact(s): {exc}") from exc
+
+
+def _remove_originals(writer: FactWriter, merged: Fact, originals: Sequence[Fact]) -> None:
+    """Delete a swap's originals, each through its own owner (a journal written before merges kept to
+    one owner may name several)."""
+    by_owner: dict[Scope, list[str]] = {}
+    for fact in originals:
+        if (fact.id, fact.scope) != (merged.id, merged.scope):
+            by_owner.setdefault(fact.scope, []).append(fact.id)
+    for owner, ids in by_owner.items():
+        remove_owned(writer, ids, owner)
 
 
 class Consolidator:
@@ -177,7 +274,7 @@ class Consolidator:
         pending = self.journal.pending()
         for swap, merged, originals in pending:
             self.writer.put([merged])
-            self.writer.remove(f.id for f in originals if f.id != merged.id)
+            _remove_originals(self.writer, merged, originals)
             if self.checkpoint is not None:
                 self.checkpoint()
             self.journal.commit(swap)
@@ -191,18 +288,31 @@ class Consolidator:
         """The facts that may be merged: the scope's, dated, and not raw turns (unless asked)."""
         return [
             f
-            for f in self.writer.facts_of(scope)
+            for f in listed_facts(self.writer, scope)
             if latest_date(f) is not None and (self.include_turns or f.type != "turn")
         ]
 
     def clusters(self, facts: Sequence[Fact]) -> list[list[Fact]]:
-        """Complete-linkage clusters at ``threshold`` whose latest dates span at most ``window_days``."""
+        """Complete-linkage clusters at ``threshold`` whose whole span of dates is at most ``window_days``,
+        each of one owner's facts (facts of several owners are grouped by owner first)."""
+        by_owner: dict[Scope, list[Fact]] = {}
+        for fact in facts:
+            by_owner.setdefault(fact.scope, []).append(fact)
+        out: list[list[Fact]] = []
+        for owner in sorted(by_owner, key=scope_label):
+            out += self._owner_clusters(by_owner[owner])
+        return out
+
+    def _owner_clusters(self, facts: Sequence[Fact]) -> list[list[Fact]]:
+        """Clusters of one owner's facts. A merged fact counts as the originals it stands for: its
+        similarity to another fact is the least over those originals' texts, its dates are their span,
+        and each original counts toward ``max_cluster``, so a second run merges nothing the first kept
+        apart."""
         if len(facts) < 2:
             return []
-        vectors = self.writer.embed([f.text for f in facts], self.embedder)
-        sims = np.asarray(vectors, dtype=np.float32) @ np.asarray(vectors, dtype=np.float32).T
-        dates = [latest_date(f) for f in facts]
-        order = sorted(range(len(facts)), key=lambda i: (dates[i], facts[i].id))
+        units = [_Unit.of(f) for f in facts]
+        sims = self._unit_similarity(units)
+        order = sorted(range(len(units)), key=lambda i: (units[i].first, facts[i].id))
         taken: set[int] = set()
         out: list[list[Fact]] = []
         for i in order:
@@ -214,10 +324,11 @@ class Consolidator:
                 key=lambda j: -sims[i, j],
             )
             for j in near:
-                if len(members) >= self.max_cluster:
-                    break
+                size = sum(units[m].size for m in members)
+                if size + units[j].size > self.max_cluster:
+                    continue
                 if all(sims[j, m] >= self.threshold for m in members) and self._within_window(
-                    [dates[m] for m in [*members, j]]
+                    [units[m] for m in [*members, j]]
                 ):
                     members.append(j)
             if len(members) > 1:
@@ -225,8 +336,19 @@ class Consolidator:
                 out.append([facts[m] for m in members])
         return out
 
-    def _within_window(self, dates: Sequence[Any]) -> bool:
-        return max(dates) - min(dates) <= self.window
+    def _unit_similarity(self, units: Sequence[_Unit]) -> np.ndarray:
+        """units × units: the least cosine between an original of one and an original of the other."""
+        texts = [t for u in units for t in u.texts]
+        vectors = np.asarray(self.writer.embed(texts, self.embedder), dtype=np.float32)
+        leaf = vectors @ vectors.T
+        if len(texts) == len(units):
+            return leaf
+        starts = np.cumsum([0, *(u.size for u in units[:-1])])
+        rows = np.minimum.reduceat(leaf, starts, axis=0)
+        return np.minimum.reduceat(rows, starts, axis=1)
+
+    def _within_window(self, units: Sequence[_Unit]) -> bool:
+        return max(u.last for u in units) - min(u.first for u in units) <= self.window
 
     def merge_text(self, cluster: Sequence[Fact], report: ConsolidationReport) -> tuple[str, str | None]:
         """One LLM call for the cluster's merged wording and type (raises LLMError on failure)."""
@@ -253,21 +375,35 @@ class Consolidator:
         return text, kind
 
     def merged_fact(self, cluster: Sequence[Fact], text: str, kind: str | None) -> Fact:
-        """The fact replacing ``cluster``: frequencies summed, provenance and entities unioned."""
+        """The fact replacing ``cluster`` (all of one owner): frequencies summed, provenance and entities
+        unioned, the originals' texts and the span of their dates kept."""
+        owners = {f.scope for f in cluster}
+        if len(owners) != 1:
+            raise InvalidArgumentError(f"a merge takes facts of one owner, got {sorted(map(scope_label, owners))}")
         ids = sorted(f.id for f in cluster)
-        digest = hashlib.sha1("\n".join(ids).encode("utf-8")).hexdigest()[:16]
+        digest = hashlib.sha1(json.dumps(ids).encode("utf-8")).hexdigest()[:16]
         scope = cluster[0].scope
         sessions: list[str] = []
         entities: list[str] = []
-        for f in cluster:
+        texts: list[str] = []
+        units = [_Unit.of(f) for f in cluster]
+        for f, unit in zip(cluster, units, strict=True):
             sessions += [s for s in f.metadata.get("sessions") or [] if s not in sessions]
             entities += [e for e in f.metadata.get("entities") or [] if e not in entities]
+            texts += unit.texts
+        first, last = min(u.first for u in units), max(u.last for u in units)
+        if last - first > self.window:
+            raise InvalidArgumentError(
+                f"merging {ids} would span {first.date()} to {last.date()}, more than the {self.window.days}-day window"
+            )
         dated = [f.date for f in cluster if f.date is not None]
         metadata = {
             "frequency": sum(_frequency(f) for f in cluster),
             "sessions": sessions,
             "entities": entities,
             "merged_from": ids,
+            "merged_texts": texts,
+            "span": [first.isoformat(), last.isoformat()],
             "source": "merged",
             "merged_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
@@ -277,7 +413,7 @@ class Consolidator:
             scope=scope,
             type=kind,
             date=min(dated) if dated else None,
-            updated_at=max(latest_date(f) for f in cluster),  # type: ignore[type-var]
+            updated_at=last,
             metadata=metadata,
         )
 
@@ -288,7 +424,7 @@ class Consolidator:
         self._at("intent")
         self.writer.put([merged])
         self._at("added")
-        self.writer.remove(f.id for f in originals if f.id != merged.id)
+        _remove_originals(self.writer, merged, originals)
         self._at("deleted")
         if self.checkpoint is not None:
             self.checkpoint()
@@ -303,11 +439,12 @@ class Consolidator:
     # ================================================================== public API
 
     def consolidate(self, scope: Scope | Any) -> ConsolidationReport:
-        """Cluster and merge one user's facts. LLM failures leave their cluster as it was."""
+        """Cluster and merge the facts ``scope`` sees, each owner's apart. LLM failures leave their
+        cluster as it was."""
         scope = Scope.coerce(scope)
         report = ConsolidationReport(scope_label(scope), recovered=self.recovered)
         facts = self.candidates(scope)
-        report.facts_before = len(self.writer.facts_of(scope))
+        report.facts_before = len(listed_facts(self.writer, scope))
         groups = self.clusters(facts)
         report.clusters = len(groups)
         for cluster in groups:
@@ -319,8 +456,40 @@ class Consolidator:
             self.swap(self.merged_fact(cluster, text, kind), cluster)
             report.merged += 1
         self.journal.clear()
-        report.facts_after = len(self.writer.facts_of(scope))
+        report.facts_after = len(listed_facts(self.writer, scope))
         return report
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """What one fact stands for in clustering: the texts of its originals and the span of their dates."""
+
+    texts: tuple[str, ...]
+    first: datetime
+    last: datetime
+
+    @property
+    def size(self) -> int:
+        return len(self.texts)
+
+    @classmethod
+    def of(cls, fact: Fact) -> _Unit:
+        latest = latest_date(fact)
+        assert latest is not None, "only dated facts are clustered"
+        meta = fact.metadata
+        texts = meta.get("merged_texts")
+        if not (isinstance(texts, list) and texts and all(isinstance(t, str) and t.strip() for t in texts)):
+            texts = [fact.text]
+        first, last = latest, latest
+        span = meta.get("span")
+        if isinstance(span, list) and len(span) == 2:
+            try:
+                first, last = parse_date(span[0]) or latest, parse_date(span[1]) or latest
+            except PGRError:
+                first, last = latest, latest
+        elif meta.get("source") == "merged" and fact.date is not None:
+            first = min(fact.date, latest)  # merged before spans were kept: date .. updated_at
+        return cls(tuple(texts), min(first, last), max(first, last))
 
 
 def _frequency(fact: Fact) -> int:

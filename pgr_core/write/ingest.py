@@ -8,9 +8,17 @@ the nearest remembered facts and names the one it revises; the update keeps that
 its frequency once per session).
 
 Idempotent and resumable through the :class:`~pgr_core.write.ledger.Ledger`: a session already in,
-unchanged, is skipped. Fact ids are derived from the session (``<user>:<session>:<position>`` for raw
-turns, ``<user>:<session>:f<k>`` for extracted facts), so a session done twice after a crash writes
-the same ids again rather than copies.
+unchanged, is skipped. Fact ids are derived from the owner and the session (``<user>:<session>:<position>``
+for raw turns, ``<user>:<session>:f<k>`` for extracted facts; the parts escaped, see
+:func:`~pgr_core.write.sessions.scope_label`), and every fact a session writes carries
+``metadata["pgr_session"]``. A session done again (after a crash the ledger did not see, or because it
+changed) replaces what it wrote before: the same ids are written again, and its earlier facts that the
+new pass does not write are deleted (found through that marker when the ledger does not know them),
+so a rerun whose LLM words a fact differently still leaves one fact per statement.
+
+A session is recorded in the ledger only once the store holding it is durable: with ``checkpoint``,
+ledger lines follow a successful checkpoint (never on a failed one, nor when the run is interrupted
+before it); without one, the store is taken to make every write durable itself.
 
 When the LLM fails on a session:
 
@@ -25,6 +33,7 @@ Either way the store never holds half a session.
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,13 +44,16 @@ from ..llm import LLM
 from ..store import Store
 from ..types import Fact, Scope, SearchParams
 from ._progress import ProgressBar
+from .consolidate import listed_facts, remove_owned
 from .extract import Extraction, extract, handles
 from .guideline import DEFAULT_GUIDELINE, Guideline
-from .ledger import Ledger, LedgerEntry, Status
-from .sessions import ASSISTANT_ROLES, Session, UserSessions, scope_label
+from .ledger import Ledger, LedgerEntry, Status, owner_of
+from .sessions import ASSISTANT_ROLES, Session, UserSessions, key_part, scope_label
 from .stores import FactWriter, writer_for
 
-__all__ = ["IngestReport", "Ingestor", "raw_facts"]
+__all__ = ["IngestReport", "Ingestor", "SESSION_KEY", "raw_facts"]
+
+SESSION_KEY = "pgr_session"  # metadata: the session that wrote a fact (an update keeps the writer's)
 
 # A store object's in-memory ledger, shared by every Ingestor made on it without a ledger of its own,
 # so ingesting the same sessions twice into one store is a no-op within a process.
@@ -80,9 +92,9 @@ def raw_facts(session: Session, scope: Scope, *, window: int = 1, speakers: Sequ
 
     ``speakers`` keeps only those speakers' turns; by default every turn except the assistant's (and
     system or tool messages) is kept. A fact's id is ``<user>:<turn id>`` when the data set names its
-    turns (LoCoMo) and ``<user>:<session>:<position>`` otherwise.
+    turns (LoCoMo; the data set names each turn once) and ``<user>:<session>:<position>`` otherwise.
     """
-    label = scope_label(scope)
+    label, session_key = scope_label(scope), key_part(session.id)
     keep = [
         (i, t)
         for i, t in enumerate(session.turns)
@@ -92,7 +104,7 @@ def raw_facts(session: Session, scope: Scope, *, window: int = 1, speakers: Sequ
     for position, start in enumerate(range(0, len(keep), max(window, 1))):
         chunk = keep[start : start + max(window, 1)]
         first_index, first = chunk[0]
-        turn_key = first.id if first.id and window == 1 else f"{session.id}:{first_index}"
+        turn_key = first.id if first.id and window == 1 else f"{session_key}:{first_index}"
         facts.append(
             Fact(
                 id=f"{label}:{turn_key}",
@@ -100,9 +112,9 @@ def raw_facts(session: Session, scope: Scope, *, window: int = 1, speakers: Sequ
                 scope=scope,
                 type="turn",
                 date=session.date,
-                session_id=f"{label}:{session.id}",
+                session_id=f"{label}:{session_key}",
                 position=position,
-                metadata={"speaker": first.speaker, "sessions": [session.id], "source": "raw"},
+                metadata={"speaker": first.speaker, "sessions": [session.id], "source": "raw", SESSION_KEY: session.id},
             )
         )
     return facts
@@ -162,6 +174,9 @@ class Ingestor:
         self.temperature = temperature
         self.progress = progress
         self._unsaved: list[LedgerEntry] = []
+        # per owner: session id -> {id of a fact it wrote: True when no other session has said it since}
+        # (read from the store once per owner and run)
+        self._written: dict[Scope, dict[str, dict[str, bool]]] = {}
 
     @property
     def mode(self) -> str:
@@ -178,14 +193,19 @@ class Ingestor:
         users = list(users)
         report = IngestReport()
         bar = ProgressBar("ingest", sum(len(u.sessions) for u in users), enabled=self.progress)
+        self._written = {}  # the store may have changed since the last run: read it again
         try:
             for user in users:
                 for session in user.sessions:
                     self._ingest_session(session, user.scope, report)
                     self._maybe_consolidate(user.scope, report)
                     bar.advance(note=f"{scope_label(user.scope)} +{report.facts_added} facts")
-        finally:
+        except BaseException:
+            self._flush_after_error()
+            raise
+        else:
             self._flush()
+        finally:
             bar.close()
         return report
 
@@ -196,14 +216,23 @@ class Ingestor:
         if self.ledger.is_done(scope, session, redo_raw=self.redo_raw and self.llm is not None):
             report.skipped += 1
             return
-        previous = self.ledger.get(scope, session.id)
-        status, facts, new, error = self._facts_for(session, scope, report)
+        earlier = self._earlier_facts(session, scope)
+        status, facts, new, error = self._facts_for(session, scope, report, earlier, self._kept_facts(session, scope))
         if status == "failed":
             report.failed.append((scope_label(scope), session.id, error or ""))
-            self._remember(LedgerEntry(scope_label(scope), session.id, session.content_hash, "failed", error=error))
+            self._remember(
+                LedgerEntry(
+                    scope_label(scope),
+                    session.id,
+                    session.content_hash,
+                    "failed",
+                    error=error,
+                    owner=list(owner_of(scope)),
+                )
+            )
             return
-        self._retire(previous, facts)
-        self.writer.put(facts)
+        self.writer.put(facts)  # first: a crash before the deletions leaves extra facts, never none
+        self._retire(session, scope, earlier, facts)
         report.ingested += 1
         report.raw_fallback += status == "raw"
         entry = LedgerEntry(
@@ -216,18 +245,26 @@ class Ingestor:
             mode=self.mode,
             guideline=self.guideline.id if self.llm is not None else None,
             error=error,
+            owner=list(owner_of(scope)),
         )
         self._remember(entry)
 
     def _facts_for(
-        self, session: Session, scope: Scope, report: IngestReport
+        self,
+        session: Session,
+        scope: Scope,
+        report: IngestReport,
+        earlier: set[str] | None = None,
+        kept: set[str] | None = None,
     ) -> tuple[Status, list[Fact], int, str | None]:
-        """(status, facts to write, how many are new, error) for one session."""
+        """(status, facts to write, how many are new, error) for one session. ``earlier``: what an earlier
+        pass wrote and this one replaces (not shown to the LLM); ``kept``: what an earlier pass wrote and
+        later sessions confirmed (never overwritten by a new fact)."""
         if self.llm is None:
             facts = raw_facts(session, scope, window=self.window, speakers=self.speakers)
             report.facts_added += len(facts)
             return "ok", facts, len(facts), None
-        related = self._related(session, scope)
+        related = [f for f in self._related(session, scope) if f.id not in (earlier or ())]
         try:
             extraction = extract(
                 self.llm,
@@ -247,7 +284,7 @@ class Ingestor:
             return "failed", [], 0, f"{type(exc).__name__}: {exc}"
         report.llm_calls += len(extraction.completions)
         report.facts_rejected += len(extraction.rejected)
-        facts, added, updated = self._upsert(extraction, related, session, scope)
+        facts, added, updated = self._upsert(extraction, related, session, scope, kept or set())
         report.facts_added += added
         report.facts_updated += updated
         return "ok", facts, added, None
@@ -264,19 +301,25 @@ class Ingestor:
         best: dict[str, tuple[float, Fact]] = {}
         for hits in self.store.search_batch(probes, scope=scope, params=params):
             for hit in hits:
-                if hit.fact.type == "turn" or hit.neighbour_of is not None:
-                    continue
+                if hit.fact.type == "turn" or hit.neighbour_of is not None or hit.fact.scope != scope:
+                    continue  # an update revises a fact of this owner only (ids are the owner's)
                 if hit.fact.id not in best or hit.score > best[hit.fact.id][0]:
                     best[hit.fact.id] = (hit.score, hit.fact)
         ranked = sorted(best.values(), key=lambda pair: -pair[0])
         return [fact for _, fact in ranked[: self.related_k]]
 
     def _upsert(
-        self, extraction: Extraction, related: Sequence[Fact], session: Session, scope: Scope
+        self,
+        extraction: Extraction,
+        related: Sequence[Fact],
+        session: Session,
+        scope: Scope,
+        kept: set[str] | frozenset[str] = frozenset(),
     ) -> tuple[list[Fact], int, int]:
-        """New facts get ids derived from the session; updates keep the remembered fact's id and count
-        this session once in its frequency and provenance."""
-        label = scope_label(scope)
+        """New facts get ids derived from the owner and session (``<prefix>:f<k>``, or ``f<k>.<n>`` where
+        ``f<k>`` is a fact of ``kept``); updates keep the remembered fact's id and count this session
+        once in its frequency and provenance."""
+        prefix = f"{scope_label(scope)}:{key_part(session.id)}"
         by_handle = handles(related)
         updates: dict[str, Fact] = {}
         new: list[Fact] = []
@@ -292,10 +335,15 @@ class Ingestor:
                 "sessions": [session.id],
                 "source": "extracted",
                 "guideline": self.guideline.id,
+                SESSION_KEY: session.id,
             }
+            fact_id, n = f"{prefix}:f{k}", 0
+            while fact_id in kept:
+                n += 1
+                fact_id = f"{prefix}:f{k}.{n}"
             new.append(
                 Fact(
-                    id=f"{label}:{session.id}:f{k}",
+                    id=fact_id,
                     text=item.text,
                     scope=scope,
                     type=item.type,
@@ -306,35 +354,84 @@ class Ingestor:
             )
         return [*new, *updates.values()], len(new), len(updates)
 
-    def _retire(self, previous: LedgerEntry | None, facts: Sequence[Fact]) -> None:
-        """When a changed (or once raw) session is done again, remove what it wrote last time and does
-        not write now (a raw turn replaced by extracted facts, a turn cut from the session)."""
-        if previous is None or not previous.facts or not self.writer.can_remove:
-            return
-        if previous.mode == "extract" and previous.status == "ok":
-            return  # extracted facts stay: later sessions may have updated them since
+    # ================================================================== a session done again
+
+    def _earlier_facts(self, session: Session, scope: Scope) -> set[str]:
+        """The ids of the facts an earlier pass of ``session`` wrote and this pass replaces: its raw turns
+        (from the ledger), and the facts carrying its marker that no other session has confirmed since
+        (found in the store, so a pass the ledger never heard of is found too)."""
+        if not self.writer.can_remove:
+            return set()
+        ids: set[str] = set()
+        previous = self.ledger.get(scope, session.id)
+        if previous is not None and previous.facts and (previous.mode == "raw" or previous.status == "raw"):
+            ids.update(previous.facts)  # raw turns: this session's alone
+        ids.update(i for i, alone in self._written_by(scope).get(session.id, {}).items() if alone)
+        return ids
+
+    def _kept_facts(self, session: Session, scope: Scope) -> set[str]:
+        """The ids of facts an earlier pass of ``session`` wrote that later sessions have confirmed."""
+        return {i for i, alone in self._written_by(scope).get(session.id, {}).items() if not alone}
+
+    def _written_by(self, scope: Scope) -> dict[str, dict[str, bool]]:
+        """session id -> {id of a fact of this owner that session wrote: whether only it has said it}
+        (one listing of the store per owner and run, kept up to date as sessions are written)."""
+        index = self._written.get(scope)
+        if index is not None:
+            return index
+        index = {}
+        store_lists = self.writer.can_list or callable(getattr(self.store, "facts_for", None))
+        for fact in listed_facts(self.writer, scope) if store_lists else ():
+            if fact.scope != scope:
+                continue
+            writer_session = _session_of(fact, scope)
+            if writer_session is not None:
+                index.setdefault(writer_session, {})[fact.id] = _only_said_in(fact, writer_session)
+        self._written[scope] = index
+        return index
+
+    def _retire(self, session: Session, scope: Scope, earlier: set[str], facts: Sequence[Fact]) -> None:
+        """Delete what an earlier pass of ``session`` wrote and this pass did not write again (a raw turn
+        replaced by extracted facts, a turn cut from the session, a fact worded differently)."""
         kept = {f.id for f in facts}
-        self.writer.remove(i for i in previous.facts if i not in kept)
+        if self.writer.can_remove:
+            remove_owned(self.writer, sorted(earlier - kept), scope)
+        index = self._written.get(scope)
+        if index is not None:
+            index[session.id] = {i: False for i in self._kept_facts(session, scope)}  # the retired are gone
+            for fact in facts:  # what this pass wrote, and the facts of other sessions it updated
+                marker = fact.metadata.get(SESSION_KEY)
+                if isinstance(marker, str):
+                    index.setdefault(marker, {})[fact.id] = _only_said_in(fact, marker)
 
     # ================================================================== durability
 
     def _remember(self, entry: LedgerEntry) -> None:
         if self.checkpoint is None:
-            self.ledger.record([entry])
+            self.ledger.record([entry])  # no checkpoint: every write of the store is durable by itself
             return
         self._unsaved.append(entry)
         if len(self._unsaved) >= self.checkpoint_every:
             self._flush()
 
     def _flush(self) -> None:
-        """Make the store durable, then record the sessions it now holds (in that order: a crash in
-        between only means those sessions are done again)."""
+        """Make the store durable, then record the sessions it now holds, in that order: a failed
+        checkpoint records nothing (the sessions stay unsaved, and are done again by the next run), and
+        a crash between the two only means those sessions are done again."""
         if not self._unsaved:
             return
         if self.checkpoint is not None:
-            self.checkpoint()
+            self.checkpoint()  # raises: nothing below runs, nothing is recorded
         entries, self._unsaved = self._unsaved, []
         self.ledger.record(entries)
+
+    def _flush_after_error(self) -> None:
+        """On the way out of a failed or interrupted run: keep the sessions already done if the store can
+        still be made durable; if it cannot, record nothing and let the first error through."""
+        try:
+            self._flush()
+        except Exception:  # the error that stopped the run is the one to report
+            pass
 
     def _maybe_consolidate(self, scope: Scope, report: IngestReport) -> None:
         """Consolidate ``scope`` once ``consolidate_every`` extracted facts came in since the last time."""
@@ -346,9 +443,35 @@ class Ingestor:
             return
         self._flush()  # the sessions behind these facts are durable before any fact is merged
         result = self.consolidator.consolidate(scope)
+        if self.checkpoint is not None and result.merged:
+            self.checkpoint()  # the merges are durable before the ledger says they happened
         self.ledger.record_consolidation(scope, result.merged)
+        self._written.pop(scope, None)  # merges replaced facts: read the store again when needed
         report.consolidations += 1
         report.merged += result.merged
+
+
+def _session_of(fact: Fact, scope: Scope) -> str | None:
+    """The session that wrote ``fact``: its marker, or (facts written before markers) the session named
+    in an extracted fact's id ``<owner>:<session>:f<k>``."""
+    marker = fact.metadata.get(SESSION_KEY)
+    if isinstance(marker, str):
+        return marker
+    sessions = fact.metadata.get("sessions")
+    if fact.metadata.get("source") == "extracted" and isinstance(sessions, list) and sessions:
+        first = sessions[0]
+        if isinstance(first, str) and re.fullmatch(
+            re.escape(f"{scope_label(scope)}:{key_part(first)}:f") + r"\d+", fact.id
+        ):
+            return first
+    return None
+
+
+def _only_said_in(fact: Fact, session_id: str) -> bool:
+    """True when no session but ``session_id`` has said or confirmed ``fact`` (an update by a later
+    session makes it that session's too: it is not deleted when ``session_id`` is done again)."""
+    sessions = fact.metadata.get("sessions")
+    return not isinstance(sessions, list) or all(s == session_id for s in sessions)
 
 
 def _updated(old: Fact, item: Any, session: Session) -> Fact:

@@ -20,7 +20,16 @@ from .._dates import DateLike, parse_date
 from ..errors import InvalidArgumentError
 from ..types import Scope
 
-__all__ = ["Session", "Turn", "UserSessions", "jsonl_sessions", "locomo_sessions", "scope_label"]
+__all__ = [
+    "Session",
+    "Turn",
+    "UserSessions",
+    "jsonl_sessions",
+    "key_part",
+    "legacy_scope_label",
+    "locomo_sessions",
+    "scope_label",
+]
 
 ASSISTANT_ROLES = frozenset({"assistant", "system", "tool"})
 
@@ -85,8 +94,34 @@ def _turn(value: Turn | Mapping[str, Any], session: str, i: int) -> Turn:
     raise InvalidArgumentError(f"session {session} turn {i}: a Turn or a mapping, not {type(value).__name__}")
 
 
+_KEY_ESCAPES = {"%": "%25", "/": "%2F", ":": "%3A", "=": "%3D"}
+
+
+def key_part(value: str) -> str:
+    """``value`` with the characters that join id parts escaped (``%``, ``/``, ``:``, ``=``), so parts
+    joined by them split back one way only; a plain name (``u1``, ``conv-26``, ``S3``) is unchanged."""
+    return "".join(_KEY_ESCAPES.get(ch, ch) for ch in value)
+
+
 def scope_label(scope: Scope) -> str:
-    """A readable prefix for fact ids of ``scope``: ``u1``, or ``u1/agent/run`` when more is set."""
+    """A readable, unambiguous prefix for fact ids of ``scope``: ``u1`` for a user, ``u1/a=bot`` or
+    ``u1/a=bot/r=r9`` when more is set, ``a=bot`` for an agent alone.
+
+    Each part is escaped (:func:`key_part`), so ``Scope(user_id="u1/x")`` (``u1%2Fx``) and
+    ``Scope(user_id="u1", agent_id="x")`` (``u1/a=x``) never share a label, and a label never holds
+    the ``:`` that separates it from the rest of an id.
+
+    >>> scope_label(Scope(user_id="u1", agent_id="x")), scope_label(Scope(user_id="u1/x"))
+    ('u1/a=x', 'u1%2Fx')
+    """
+    parts = [key_part(scope.user_id)] if scope.user_id else []
+    parts += [f"{tag}={key_part(v)}" for tag, v in (("a", scope.agent_id), ("r", scope.run_id)) if v]
+    return "/".join(parts)
+
+
+def legacy_scope_label(scope: Scope) -> str:
+    """The label ledgers written before labels were escaped used (``u1/agent/run``, ambiguous): kept
+    only to read those ledgers."""
     return "/".join(v for v in (scope.user_id, scope.agent_id, scope.run_id) if v)
 
 
