@@ -8,6 +8,8 @@ wrap other frameworks' models behind the same protocol.
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import json
 import os
 import random
@@ -16,7 +18,7 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -30,7 +32,20 @@ from .errors import (
     LLMTimeoutError,
 )
 
-__all__ = ["LLM", "Completion", "OpenAICompatible", "Usage", "estimate_tokens", "llm_from_env", "parse_json"]
+__all__ = [
+    "LLM",
+    "MAX_JSON_DEPTH",
+    "MAX_REPLY_BYTES",
+    "MAX_REPLY_CHARS",
+    "MAX_USAGE_TOKENS",
+    "Completion",
+    "OpenAICompatible",
+    "Usage",
+    "estimate_tokens",
+    "llm_from_env",
+    "parse_json",
+    "plausible_usage",
+]
 
 Message = Mapping[str, str]
 
@@ -47,7 +62,7 @@ StructuredMode = Literal["auto", "json_schema", "json_object", "none"]
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    estimated: bool = False  # the server reported no usage; counted as characters / 4
+    estimated: bool = False  # the server reported no (or no believable) usage; counted as characters / 4
 
     @property
     def total_tokens(self) -> int:
@@ -58,6 +73,42 @@ class Usage:
         """Token counts guessed as characters / 4, for servers (and stand-ins) that report none."""
         prompt = sum(estimate_tokens(m.get("content", "")) for m in messages)
         return cls(prompt, estimate_tokens(text), estimated=estimated)
+
+
+MAX_USAGE_TOKENS = 10_000_000  # no single call spends more; a larger reported count is a broken server
+_USAGE_SLACK = 100  # a reported count may exceed the characters / 4 guess this many times over
+_USAGE_FLOOR = 1_000  # ... or this many tokens (chat templates, tiny prompts), whichever is more
+
+
+def _believable(value: Any, ceiling: int) -> int | None:
+    """``value`` as a token count when it is a whole number in [0, ceiling], else None."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= ceiling:
+        return None
+    return value
+
+
+def plausible_usage(
+    prompt_tokens: Any, completion_tokens: Any, messages: Sequence[Message], text: str, *, max_tokens: int = 0
+) -> Usage:
+    """Token counts a server reported, each believed only when plausible, else the local estimate.
+
+    A count is believed when it is a whole number, not negative, at most :data:`MAX_USAGE_TOKENS`
+    and at most 100 times the characters / 4 guess (or 1,000 tokens; for the completion, also
+    ``max_tokens``). A replaced count marks the usage ``estimated``: a server reporting -5 tokens
+    cannot undo a :class:`~pgr_core.types.Budget`'s ``max_tokens``, nor 10^30 exhaust it.
+    """
+    guess = Usage.estimate(messages, text)
+    ceiling = max(_USAGE_SLACK * guess.prompt_tokens, _USAGE_FLOOR)
+    prompt = _believable(prompt_tokens, min(ceiling, MAX_USAGE_TOKENS))
+    ceiling = max(_USAGE_SLACK * guess.completion_tokens, _USAGE_FLOOR, max_tokens)
+    completion = _believable(completion_tokens, min(ceiling, MAX_USAGE_TOKENS))
+    return Usage(
+        guess.prompt_tokens if prompt is None else prompt,
+        guess.completion_tokens if completion is None else completion,
+        estimated=prompt is None or completion is None,
+    )
 
 
 @dataclass(frozen=True)
@@ -110,6 +161,43 @@ class LLM(ABC):
 
 # --------------------------------------------------------------------------- JSON output
 
+MAX_REPLY_CHARS = 4_000_000
+"""The longest reply :func:`parse_json` reads (characters); longer is unusable output, left unparsed."""
+
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of arrays and objects :func:`parse_json` accepts; pgr's schemas need 4."""
+
+_ESCAPE = re.compile(r"\\.", re.DOTALL)
+_STRING = re.compile(r'"[^"]*"')  # once escapes are gone; linear, where one regex for both backtracks
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _nesting(text: str) -> int:
+    """How deep ``text`` nests arrays and objects, brackets inside strings not counted (no parsing:
+    json's C scanner recurses once per level, so a 2 KB reply 1,000 levels deep is a RecursionError)."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", _ESCAPE.sub("", text)))
+    return max(itertools.accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _loads(text: str, *, max_chars: int, max_depth: int, what: str = "reply") -> Any:
+    """``json.loads`` with the size and depth checked first; every failure is :class:`LLMOutputError`."""
+    if len(text) > max_chars:
+        raise LLMOutputError(f"{what} is {len(text):,} characters, more than the {max_chars:,} pgr reads")
+    depth = _nesting(text)
+    if depth > max_depth:
+        raise LLMOutputError(f"{what} nests {depth} levels deep, more than the {max_depth} pgr reads")
+    try:  # strict=False: a raw newline inside a string is still an answer
+        return json.loads(text, strict=False, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise LLMOutputError(f"{what} is not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit integer, NaN, Infinity
+        raise LLMOutputError(f"{what} is not usable JSON ({str(exc)[:120]})") from None
+
 
 def _extract_json_text(text: str) -> str:
     """The JSON object in a reply, tolerating code fences and chatter around it."""
@@ -123,46 +211,77 @@ def _extract_json_text(text: str) -> str:
     return text[start : end + 1]
 
 
+_KINDS: dict[str, type | tuple[type, ...]] = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "null": type(None),
+}
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind not in _KINDS:
+        return True  # a type pgr does not check
+    if kind in ("integer", "number") and isinstance(value, bool):
+        return False
+    return isinstance(value, _KINDS[kind])
+
+
 def _check(value: Any, schema: Mapping[str, Any], path: str) -> None:
+    where = path or "reply"
     kind = schema.get("type")
-    checks: dict[str, type | tuple[type, ...]] = {
-        "object": dict,
-        "array": list,
-        "string": str,
-        "integer": int,
-        "number": (int, float),
-        "boolean": bool,
-    }
-    if isinstance(kind, str) and kind in checks:
-        ok = isinstance(value, checks[kind]) and not (kind in ("integer", "number") and isinstance(value, bool))
-        if not ok:
-            raise LLMOutputError(f"{path or 'reply'} should be {kind}, got {type(value).__name__}")
-    if kind == "object":
+    kinds = [kind] if isinstance(kind, str) else list(kind) if isinstance(kind, list) else []
+    if kinds and not any(_is(value, k) for k in kinds):
+        shown = "null" if value is None else type(value).__name__
+        raise LLMOutputError(f"{where} should be {' or '.join(kinds)}, got {shown}")
+    if isinstance(value, dict) and "object" in kinds:
+        properties = schema.get("properties", {})
         for key in schema.get("required", ()):
             if key not in value:
-                raise LLMOutputError(f"{path or 'reply'} lacks required key {key!r}")
-        for key, sub in schema.get("properties", {}).items():
-            if key in value and value[key] is not None:
+                raise LLMOutputError(f"{where} lacks required key {key!r}")
+            if value[key] is None and not _allows_null(properties.get(key, {})):
+                raise LLMOutputError(f"{path + '.' if path else ''}{key} is null")
+        for key, sub in properties.items():
+            if key in value and value[key] is not None:  # an optional key may be null: the caller's default
                 _check(value[key], sub, f"{path}.{key}" if path else key)
-    elif kind == "array" and "items" in schema:
+    elif isinstance(value, list) and "array" in kinds and "items" in schema:
         for i, item in enumerate(value):
             _check(item, schema["items"], f"{path}[{i}]")
 
 
-def parse_json(text: str, schema: Mapping[str, Any] | None = None) -> Any:
+def _allows_null(schema: Mapping[str, Any]) -> bool:
+    kind = schema.get("type")
+    return kind == "null" or (isinstance(kind, list) and "null" in kind)
+
+
+def parse_json(
+    text: str,
+    schema: Mapping[str, Any] | None = None,
+    *,
+    max_chars: int = MAX_REPLY_CHARS,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> Any:
     """Parse a model's JSON reply and check it against the (small subset of) JSON schema pgr uses.
 
-    Raises :class:`LLMOutputError` with the raw text attached when the reply is unusable.
+    Raises :class:`LLMOutputError` with the raw text attached when the reply is unusable: not JSON,
+    longer than ``max_chars``, nested deeper than ``max_depth``, a number Python will not read (5,000
+    digits, NaN), a wrong type, a missing or null required key. An optional key may be null.
     """
+    if not isinstance(text, str):
+        raise LLMOutputError(f"reply should be text, got {type(text).__name__}")
+    if len(text) > max_chars:  # not even searched for JSON
+        raise LLMOutputError(
+            f"reply is {len(text):,} characters, more than the {max_chars:,} pgr reads", raw=text[:2000]
+        )
     try:
-        value = json.loads(_extract_json_text(text), strict=False)  # a raw newline inside a string is still an answer
-    except json.JSONDecodeError as exc:
-        raise LLMOutputError(f"reply is not valid JSON ({exc.msg})", raw=text) from None
-    if schema is not None:
-        try:
+        value = _loads(_extract_json_text(text), max_chars=max_chars, max_depth=max_depth)
+        if schema is not None:
             _check(value, schema, "")
-        except LLMOutputError as exc:
-            raise LLMOutputError(str(exc), raw=text) from None
+    except LLMOutputError as exc:
+        raise LLMOutputError(str(exc), raw=text) from None
     return value
 
 
@@ -170,6 +289,68 @@ def parse_json(text: str, schema: Mapping[str, Any] | None = None) -> Any:
 
 _RETRY_STATUSES = {408, 409, 429, 500, 502, 503, 504}
 _FORMAT_REJECTION_STATUSES = {400, 422, 500}
+
+MAX_REPLY_BYTES = 1 << 20
+"""The default cap on a reply's HTTP body (1 MiB, some 250,000 tokens of text): beyond it the body is
+left unread and the reply is unusable output."""
+
+
+class _Body:
+    """A reply body read chunk by chunk: at most ``limit`` bytes, and nothing once ``until`` (a
+    ``time.perf_counter()`` instant) has passed, so neither a huge body nor one trickled a byte at a
+    time holds the caller."""
+
+    def __init__(self, name: str, limit: int, until: float, waited: float) -> None:
+        self.name, self.limit, self.until, self.waited = name, limit, until, waited
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def expect(self, headers: Any) -> None:
+        """Refuse a body whose announced length is over the cap before reading any of it."""
+        announced = headers.get("content-length") if hasattr(headers, "get") else None
+        if announced is not None and announced.isdigit() and int(announced) > self.limit:
+            raise self._too_long(int(announced))
+
+    def feed(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise self._too_long(self.size)
+        if time.perf_counter() > self.until:
+            raise LLMTimeoutError(f"{self.name}: no answer within {self.waited:.3g}s (the reply was still arriving)")
+        self.parts.append(chunk)
+
+    def text(self) -> str:
+        return b"".join(self.parts).decode("utf-8", errors="replace")
+
+    def _too_long(self, size: int) -> LLMOutputError:
+        return LLMOutputError(
+            f"{self.name}: the reply is over {self.limit:,} bytes ({size:,} seen), cut off unread; "
+            "raise max_reply_bytes if the model really writes that much"
+        )
+
+
+def _within(seconds: float, call: Callable[[], Completion], late: LLMTimeoutError) -> Completion:
+    """Run a blocking HTTP exchange in a daemon thread and wait ``seconds`` for it at most: a socket's
+    read timeout restarts with every byte, so only a wait from outside bounds a trickling server.
+    An abandoned exchange ends at its own next chunk (``_Body``) or read timeout."""
+    box: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append((True, call()))
+        except BaseException as exc:  # handed to the waiting thread
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="pgr-llm-http", daemon=True).start()
+    if not done.wait(max(seconds, 0.0)):
+        raise late
+    ok, value = box[0]
+    if ok:
+        return value  # type: ignore[no-any-return]
+    raise value
 
 
 class OpenAICompatible(LLM):
@@ -180,11 +361,17 @@ class OpenAICompatible(LLM):
     ...}`` for the rest of the client's life. Errors 408/409/429/5xx are retried with exponential
     backoff (honouring ``Retry-After``), ``max_retries`` times.
 
-    ``timeout`` bounds each attempt; a ``timeout=`` passed to :meth:`complete` bounds the whole call
-    (waiting for a free slot, every attempt and every backoff): a ``Retry-After`` longer than the time
-    left ends the call at once. ``max_concurrency`` (16) bounds the requests in flight, and so the
-    connections in use: across threads for :meth:`complete`, per event loop for :meth:`acomplete`.
-    A call waits for a free slot; the slot is released while it backs off.
+    ``timeout`` bounds each attempt, whole: headers and body, however slowly they trickle in. A
+    ``timeout=`` passed to :meth:`complete` bounds the whole call (waiting for a free slot, every
+    attempt and every backoff): a ``Retry-After`` longer than the time left ends the call at once.
+    ``max_concurrency`` (16) bounds the requests in flight, and so the connections in use: across
+    threads for :meth:`complete`, per event loop for :meth:`acomplete`. A call waits for a free slot;
+    the slot is released while it backs off.
+
+    The reply is read as it streams in and never trusted: a body over ``max_reply_bytes``
+    (:data:`MAX_REPLY_BYTES`) is cut off unread, and a body that is not a chat completion (too deep,
+    wrong types) is :class:`~pgr_core.errors.LLMOutputError`, as is bad output; reported token counts
+    go through :func:`plausible_usage`.
 
     >>> llm = OpenAICompatible(base_url="http://127.0.0.1:8081/v1", model="qwen")  # doctest: +SKIP
     """
@@ -203,9 +390,12 @@ class OpenAICompatible(LLM):
         max_backoff: float = 20.0,
         structured: StructuredMode = "auto",
         max_concurrency: int = 16,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ) -> None:
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise InvalidArgumentError(f"max_concurrency must be an integer >= 1, got {max_concurrency!r}")
+        if isinstance(max_reply_bytes, bool) or not isinstance(max_reply_bytes, int) or max_reply_bytes < 1:
+            raise InvalidArgumentError(f"max_reply_bytes must be an integer >= 1, got {max_reply_bytes!r}")
         if structured not in ("auto", "json_schema", "json_object", "none"):
             raise InvalidArgumentError(
                 f"structured must be 'auto', 'json_schema', 'json_object' or 'none', got {structured!r}"
@@ -235,6 +425,7 @@ class OpenAICompatible(LLM):
         self.structured: StructuredMode = structured
         self.name = f"openai-compatible:{self.model}"
         self.max_concurrency = max_concurrency
+        self.max_reply_bytes = max_reply_bytes
         self._client: Any = None
         self._slots = threading.BoundedSemaphore(max_concurrency)  # sync requests in flight
         # One async client and one slot semaphore per event loop: pooled connections die with the loop
@@ -305,13 +496,17 @@ class OpenAICompatible(LLM):
         return kwargs
 
     def _map_error(self, exc: Exception, waited: float | None = None) -> LLMError:
+        if isinstance(exc, LLMError):
+            return exc  # raised here already (a cut-off body, an unusable envelope, a deadline)
         openai = self._openai()
-        if isinstance(exc, openai.APITimeoutError):
+        if isinstance(exc, openai.APITimeoutError | TimeoutError) or "Timeout" in type(exc).__name__:
             return LLMTimeoutError(f"{self.name}: no answer within {waited or self.timeout:.3g}s")
         if isinstance(exc, openai.APIConnectionError):
             return LLMConnectionError(f"{self.name}: cannot reach {self.base_url or 'api.openai.com'} ({exc})")
         if isinstance(exc, openai.APIStatusError):
             return LLMStatusError(f"{self.name}: HTTP {exc.status_code}: {exc.message}", exc.status_code)
+        if type(exc).__module__.split(".")[0].startswith(("httpx", "httpcore")):  # while reading the body
+            return LLMConnectionError(f"{self.name}: the connection failed mid-reply ({type(exc).__name__}: {exc})")
         return LLMError(f"{self.name}: {type(exc).__name__}: {exc}")
 
     def _retry_delay(self, exc: Exception, attempt: int) -> float:
@@ -337,21 +532,54 @@ class OpenAICompatible(LLM):
             return mode, self._retry_delay(exc, attempt)
         return mode, None
 
-    def _completion(self, response: Any, messages: Sequence[Message], started: float) -> Completion:
-        choice = response.choices[0] if getattr(response, "choices", None) else None
-        text = (choice.message.content if choice and choice.message else None) or ""
-        usage = getattr(response, "usage", None)
-        if usage is not None and getattr(usage, "prompt_tokens", None) is not None:
-            counted = Usage(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
+    def _completion(self, body: str, messages: Sequence[Message], started: float, max_tokens: int) -> Completion:
+        """The chat completion in a body, its shape checked (the envelope is as untrusted as the text)."""
+        try:
+            data = _loads(body, max_chars=len(body), max_depth=MAX_JSON_DEPTH, what="the server's reply")
+        except LLMOutputError as exc:
+            raise LLMOutputError(f"{self.name}: {exc}", raw=body[:2000]) from None
+        if not isinstance(data, dict):
+            raise LLMOutputError(f"{self.name}: the server's reply is not a JSON object", raw=body[:2000])
+        choices = data.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else {}
+        message = choice.get("message") if isinstance(choice, dict) else None
+        text = message.get("content") if isinstance(message, dict) else None
+        shapes = (choices, list | None), (choice, dict), (message, dict | None), (text, str | None)
+        if not all(isinstance(value, kind) for value, kind in shapes):
+            raise LLMOutputError(f"{self.name}: the server's reply is not a chat completion", raw=body[:2000])
+        text = text or ""
+        usage = data.get("usage")
+        if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
+            counted = plausible_usage(
+                usage.get("prompt_tokens"), usage.get("completion_tokens"), messages, text, max_tokens=max_tokens
+            )
         else:
             counted = Usage.estimate(messages, text)
+        model = data.get("model")
         return Completion(
             text=text,
             usage=counted,
-            model=str(getattr(response, "model", "") or self.model),
+            model=model if isinstance(model, str) and model else str(self.model),
             seconds=time.perf_counter() - started,
-            truncated=bool(choice and choice.finish_reason == "length"),
+            truncated=choice.get("finish_reason") == "length",
         )
+
+    # -- one HTTP exchange: the body streamed through a _Body, sync and async
+    def _exchange(self, kwargs: dict[str, Any], body: _Body, messages: Sequence[Message], started: float) -> Completion:
+        with self._sync_client().chat.completions.with_streaming_response.create(**kwargs) as response:
+            body.expect(response.headers)
+            for chunk in response.iter_bytes():
+                body.feed(chunk)
+        return self._completion(body.text(), messages, started, kwargs["max_tokens"])
+
+    async def _aexchange(
+        self, client: Any, kwargs: dict[str, Any], body: _Body, messages: Sequence[Message], started: float
+    ) -> Completion:
+        async with client.chat.completions.with_streaming_response.create(**kwargs) as response:
+            body.expect(response.headers)
+            async for chunk in response.iter_bytes():
+                body.feed(chunk)
+        return self._completion(body.text(), messages, started, kwargs["max_tokens"])
 
     # -- the protocol
     def _time_left(self, started: float, timeout: float | None) -> float | None:
@@ -363,10 +591,30 @@ class OpenAICompatible(LLM):
             raise LLMTimeoutError(f"{self.name}: no answer within {timeout:.3g}s")
         return left
 
+    def _attempt(
+        self,
+        messages: Sequence[Message],
+        schema: Mapping[str, Any] | None,
+        mode: str,
+        max_tokens: int,
+        temperature: float,
+        left: float | None,
+        timeout: float | None,
+    ) -> tuple[dict[str, Any], _Body, float, LLMTimeoutError]:
+        """One attempt's request, its body reader, how long it may take, and the error when it does."""
+        kwargs = self._request(self.model or "", messages, schema, mode, max_tokens, temperature)
+        bound = self.timeout if left is None else min(left, self.timeout)
+        waited = timeout if timeout is not None and left is not None and left <= self.timeout else self.timeout
+        kwargs["timeout"] = bound
+        body = _Body(self.name, self.max_reply_bytes, time.perf_counter() + bound, waited)
+        return kwargs, body, bound, LLMTimeoutError(f"{self.name}: no answer within {waited:.3g}s")
+
     def _next_try(
         self, exc: Exception, mode: str, attempt: int, started: float, timeout: float | None
     ) -> tuple[str, float]:
         """After a failed attempt: the next mode and the wait before it, or raise the mapped error."""
+        if isinstance(exc, LLMError):
+            raise exc  # already final: cut off, unusable, or out of time
         next_mode, delay = self._decide(exc, mode, attempt)
         if delay is not None and timeout is not None and time.perf_counter() - started + delay >= timeout:
             delay = None  # a Retry-After (or backoff) longer than the time left: give up now
@@ -386,18 +634,21 @@ class OpenAICompatible(LLM):
         mode, attempt, started = self._mode_for(schema), 0, time.perf_counter()
         while True:
             left = self._time_left(started, timeout)
-            kwargs = self._request(self.model or "", messages, schema, mode, max_tokens, temperature)
-            if left is not None:
-                kwargs["timeout"] = min(left, self.timeout)
+            kwargs, body, bound, late = self._attempt(messages, schema, mode, max_tokens, temperature, left, timeout)
             if not self._slots.acquire(timeout=left):
                 raise LLMTimeoutError(f"{self.name}: no free request slot within {timeout:.3g}s")
+            exchange = functools.partial(self._exchange, kwargs, body, messages, started)
+
+            def in_slot(exchange: Callable[[], Completion] = exchange) -> Completion:
+                try:
+                    return exchange()
+                finally:
+                    self._slots.release()  # by the exchange itself: an abandoned one keeps its connection
+
             try:
-                response = self._sync_client().chat.completions.create(**kwargs)
-                return self._completion(response, messages, started)
+                return _within(bound, in_slot, late)
             except Exception as exc:  # every failure is mapped to an LLMError below
                 failure = exc
-            finally:
-                self._slots.release()
             next_mode, delay = self._next_try(failure, mode, attempt, started, timeout)
             attempt += 0 if next_mode != mode else 1  # a format switch is no retry, Retry-After: 0 is
             mode = next_mode
@@ -416,16 +667,16 @@ class OpenAICompatible(LLM):
         client, slots = self._async_state()
         while True:
             left = self._time_left(started, timeout)
-            kwargs = self._request(self.model or "", messages, schema, mode, max_tokens, temperature)
-            if left is not None:
-                kwargs["timeout"] = min(left, self.timeout)
+            kwargs, body, bound, late = self._attempt(messages, schema, mode, max_tokens, temperature, left, timeout)
             try:
                 await asyncio.wait_for(slots.acquire(), left)
             except TimeoutError:
                 raise LLMTimeoutError(f"{self.name}: no free request slot within {timeout:.3g}s") from None
             try:
-                response = await client.chat.completions.create(**kwargs)
-                return self._completion(response, messages, started)
+                async with asyncio.timeout(bound):
+                    return await self._aexchange(client, kwargs, body, messages, started)
+            except TimeoutError:
+                failure: Exception = late
             except Exception as exc:
                 failure = exc
             finally:

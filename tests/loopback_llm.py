@@ -3,14 +3,20 @@
 Each test queues replies (or handlers that build a reply from the request body); the server answers
 ``POST /v1/chat/completions`` with them in order, falling back to ``default`` once the queue is
 empty, and records every request it receives. Only the standard library is used.
+
+Hostile servers too: a reply can trickle in a byte at a time (``trickle``, headers included with
+``trickle_headers``: a slow-loris server) or stream a body of any size made on the fly (``stream``,
+with or without a ``Content-Length``), and ``sent`` counts the bytes each answer got out before the
+client hung up.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
@@ -18,6 +24,7 @@ from typing import Any, Self
 __all__ = ["LoopbackLLM", "Reply", "error", "ok"]
 
 MAX_DELAY = 2.0  # no handler sleeps longer than this, whatever a test asks
+MAX_TRICKLE = 60.0  # no trickled answer lasts longer than this (a client that waits for it is the bug)
 
 
 @dataclass
@@ -26,6 +33,10 @@ class Reply:
     body: Any = None  # JSON-encoded unless it is bytes
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0  # seconds to wait before answering (bounded by MAX_DELAY, cut short at stop())
+    trickle: float = 0.0  # seconds between the body's bytes, sent one at a time (slow loris)
+    trickle_headers: bool = False  # trickle the status line and headers as well
+    stream: Callable[[], Iterable[bytes]] | None = None  # the body's chunks, made as they are sent
+    length: int | None = None  # the Content-Length announced for ``stream`` (None: none, close after)
 
 
 @dataclass
@@ -85,6 +96,7 @@ class LoopbackLLM:
         self.requests: list[Request] = []
         self.script: deque[Reply | Handler] = deque()
         self.default: Reply | Handler = ok("{}")
+        self.sent: list[int] = []  # bytes each answer got out (a client that hangs up early cuts it)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
@@ -154,18 +166,60 @@ class LoopbackLLM:
                     reply = owner._next_reply(request)
                 if reply.delay > 0:
                     owner._stopping.wait(min(reply.delay, MAX_DELAY))
-                payload = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
+                sent = [0]
                 try:
-                    self.send_response(reply.status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    for name, value in reply.headers.items():
-                        self.send_header(name, value)
-                    self.end_headers()
-                    self.wfile.write(payload)
-                    self.wfile.flush()
+                    self._send(reply, sent)
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True  # the client gave up (timeout test)
+                finally:
+                    with owner._lock:
+                        owner.sent.append(sent[0])
+
+            def _send(self, reply: Reply, sent: list[int]) -> None:
+                if reply.stream is not None:
+                    payload, length = b"", reply.length
+                else:
+                    payload = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
+                    length = len(payload)
+                self.send_response(reply.status)
+                self.send_header("Content-Type", "application/json")
+                if length is not None:
+                    self.send_header("Content-Length", str(length))
+                else:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                if reply.trickle_headers:
+                    buffered: list[bytes] = getattr(self, "_headers_buffer", [])  # what send_header queued
+                    head = b"".join(buffered) + b"\r\n"
+                    buffered.clear()
+                    self._trickle(head, reply.trickle, sent)
+                else:
+                    self.end_headers()
+                if reply.stream is not None:
+                    for chunk in reply.stream():
+                        if owner._stopping.is_set():
+                            return
+                        self.wfile.write(chunk)
+                        sent[0] += len(chunk)
+                elif reply.trickle > 0:
+                    self._trickle(payload, reply.trickle, sent)
+                else:
+                    self.wfile.write(payload)
+                    sent[0] += len(payload)
+                self.wfile.flush()
+
+            def _trickle(self, data: bytes, every: float, sent: list[int]) -> None:
+                """One byte at a time, ``every`` seconds apart (cut short at stop() or MAX_TRICKLE)."""
+                self.wfile.flush()
+                until = time.monotonic() + MAX_TRICKLE
+                for i in range(len(data)):
+                    if owner._stopping.wait(every) or time.monotonic() > until:
+                        return
+                    self.wfile.write(data[i : i + 1])
+                    self.wfile.flush()
+                    sent[0] += 1
 
             do_POST = _answer
             do_GET = _answer

@@ -51,6 +51,29 @@ slow                answers after ``delay`` seconds      with a ``Budget(deadlin
 =================== ==================================== ==============================================
 
 =================== ==================================== ==============================================
+hostile reply       what the model sends                 outcome (fault on every call)
+=================== ==================================== ==============================================
+deep_nesting        2 KB of JSON 1,000 levels deep       unusable output, caught before parsing (no
+                                                         RecursionError): one repair retry, then as
+                                                         for malformed_json: ``degraded``, stop
+                                                         ``llm_error``, facts = query hits
+huge_integer        a 5,000-digit integer                the same (no int-conversion ValueError)
+nan_constant        ``NaN`` where a value belongs        the same (NaN and Infinity are not JSON)
+null_field          every required key ``null``          the same (a null required key is unusable)
+wrong_types         every required key of another type   the same
+oversized_reply     more than ``MAX_REPLY_CHARS``        the same, the text left unparsed
+                    characters
+huge_list           100,000 items in every list          not degraded: at most 2 × n_steps steps
+                                                         read, as for enormous_output; an extraction
+                                                         stores at most ``max_facts`` (50)
+=================== ==================================== ==============================================
+
+These are :data:`HOSTILE_FAULTS`; :class:`FaultyLLM` takes them like the others. Over HTTP,
+``OpenAICompatible`` also cuts off a body over ``max_reply_bytes``, bounds a trickling (slow-loris)
+server by its timeouts, and replaces implausible token counts with the estimate
+(``tests/test_llm_hostile.py``).
+
+=================== ==================================== ==============================================
 store fault         what the store does                  outcome
 =================== ==================================== ==============================================
 timeout             raises TimeoutError (after           every failure is a StoreError and pgr stops
@@ -83,12 +106,12 @@ from ..errors import (
     LLMStatusError,
     LLMTimeoutError,
 )
-from ..llm import LLM, Completion, Usage
+from ..llm import LLM, MAX_REPLY_CHARS, Completion, Usage
 from ..store import Store
 from ..types import Hit, Scope, SearchParams
 from . import LLMCall
 
-__all__ = ["LLM_FAULTS", "STORE_FAULTS", "FaultyLLM", "FaultyStore"]
+__all__ = ["HOSTILE_FAULTS", "LLM_FAULTS", "STORE_FAULTS", "FaultyLLM", "FaultyStore"]
 
 LLM_FAULTS = (
     "malformed_json",
@@ -103,6 +126,17 @@ LLM_FAULTS = (
     "connection_refused",
 )
 """The LLM faults of issue 6, in the order of the outcome table (``"slow"`` is also accepted)."""
+
+HOSTILE_FAULTS = (
+    "deep_nesting",
+    "huge_integer",
+    "nan_constant",
+    "null_field",
+    "wrong_types",
+    "oversized_reply",
+    "huge_list",
+)
+"""Replies built to break a JSON parser or a caller that trusts shapes (the LLM boundary)."""
 
 STORE_FAULTS = ("timeout", "error", "missing_lists", "wrong_length")
 
@@ -147,7 +181,8 @@ class _Schedule:
 
 
 class FaultyLLM(LLM):
-    """An LLM that injects ``fault`` (a kind of :data:`LLM_FAULTS`, ``"slow"``, or a list to pick from).
+    """An LLM that injects ``fault`` (a kind of :data:`LLM_FAULTS` or :data:`HOSTILE_FAULTS`, ``"slow"``,
+    or a list to pick from).
 
     - ``calls``: the 0-based indices of the calls to fault (None: any call), and of those a fraction
       ``rate`` drawn with ``seed``. Other calls go to ``inner`` untouched.
@@ -175,7 +210,7 @@ class FaultyLLM(LLM):
         if not isinstance(inner, LLM):
             raise InvalidArgumentError(f"inner must be a pgr_core LLM, not {type(inner).__name__}")
         self.inner = inner
-        self.schedule = _Schedule(fault, {*LLM_FAULTS, "slow"}, calls, rate, seed)
+        self.schedule = _Schedule(fault, {*LLM_FAULTS, *HOSTILE_FAULTS, "slow"}, calls, rate, seed)
         self.query = query
         self.delay = delay
         self.name = f"faulty:{inner.name}"
@@ -317,7 +352,32 @@ def _reply(kind: str, schema: Mapping[str, Any] | None, query: str) -> str:
         ]
         huge = "enormous " * 200_000
         return json.dumps(_fill(schema, items, huge)) if schema else huge
+    if kind in HOSTILE_FAULTS:
+        return _hostile(kind, schema)
     raise InvalidArgumentError(f"no reply for fault {kind!r}")  # pragma: no cover - kinds are checked
+
+
+_WRONG = {"array": "not a list", "string": [1, 2], "object": 5, "boolean": "yes", "number": "many", "integer": "many"}
+
+
+def _hostile(kind: str, schema: Mapping[str, Any] | None) -> str:
+    """A reply of :data:`HOSTILE_FAULTS` for ``schema``: every required key holds the hostile value."""
+    properties = (schema or {}).get("properties", {})
+    required = list((schema or {}).get("required", ())) or ["value"]
+    literal = {
+        "deep_nesting": "[" * 1000 + "]" * 1000,
+        "huge_integer": "9" * 5000,
+        "nan_constant": "NaN",
+        "null_field": "null",
+    }
+    if kind in literal:  # written out by hand: json.dumps will not write these
+        return "{" + ", ".join(f"{json.dumps(k)}: {literal[kind]}" for k in required) + "}"
+    if kind == "wrong_types":
+        return json.dumps({k: _WRONG.get(str(properties.get(k, {}).get("type")), None) for k in required})
+    if kind == "oversized_reply":
+        return json.dumps({k: "x" * MAX_REPLY_CHARS for k in required})
+    many = [f"s{i}" for i in range(100_000)]
+    return json.dumps(_fill(schema, many, "x")) if schema else json.dumps(many)
 
 
 class FaultyStore(Store):

@@ -1,5 +1,6 @@
 """Extraction: one LLM call turns a session into short typed facts, each new or an update of a
-remembered fact (upsert). The guideline S goes into the prompt; the reply is checked fact by fact.
+remembered fact (upsert). The guideline S goes into the prompt; the reply is checked fact by fact,
+and at most ``max_facts`` of its facts are read (a reply listing 100,000 facts stores 50, not all).
 """
 
 from __future__ import annotations
@@ -10,14 +11,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..errors import LLMOutputError
+from ..errors import InvalidArgumentError, LLMOutputError
 from ..llm import LLM, Completion, parse_json
 from ..prompts import render
 from ..types import Fact
 from .guideline import Guideline
 from .sessions import Session
 
-__all__ = ["EXTRACT_SCHEMA", "Extraction", "ExtractedFact", "extract", "extraction_messages", "parse_extraction"]
+__all__ = [
+    "EXTRACT_SCHEMA",
+    "MAX_FACTS_PER_SESSION",
+    "ExtractedFact",
+    "Extraction",
+    "extract",
+    "extraction_messages",
+    "parse_extraction",
+]
 
 EXTRACT_SCHEMA: Mapping[str, Any] = {
     "type": "object",
@@ -41,6 +50,7 @@ EXTRACT_SCHEMA: Mapping[str, Any] = {
 }
 
 MAX_FACT_CHARS = 400
+MAX_FACTS_PER_SESSION = 50  # of one reply's facts, the rest are cut (counted in Extraction.cut)
 _DAY = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
 
 
@@ -55,12 +65,14 @@ class ExtractedFact:
 
 @dataclass
 class Extraction:
-    """What one extraction produced: the accepted facts, why others were refused, the LLM's replies."""
+    """What one extraction produced: the accepted facts, why others were refused, how many were cut
+    unread past ``max_facts``, the LLM's replies."""
 
     facts: list[ExtractedFact]
     rejected: list[str] = field(default_factory=list)
     completions: list[Completion] = field(default_factory=list)
     raw: str = ""
+    cut: int = 0
 
 
 def handles(existing: Sequence[Fact]) -> dict[str, Fact]:
@@ -114,15 +126,27 @@ def parse_extraction(
 
     Raises :class:`LLMOutputError` when the reply as a whole is unusable (not JSON, no ``facts`` list).
     A fact is refused for empty or over-long text or a type outside ``types``; an ``updates`` handle
-    that names no remembered fact is dropped (the fact counts as new).
+    that names no remembered fact is dropped (the fact counts as new). Every fact is read; :func:`extract`
+    reads at most ``max_facts``.
     """
-    reply = parse_json(text, EXTRACT_SCHEMA)
+    return _checked_facts(_reply_facts(text), types, known_handles, session_date)
+
+
+def _reply_facts(text: str) -> list[Any]:
+    """The reply's list of facts (schema-checked: a null or wrong-typed list is unusable output)."""
+    facts: list[Any] = parse_json(text, EXTRACT_SCHEMA)["facts"]
+    return facts
+
+
+def _checked_facts(
+    items: Sequence[Any], types: Sequence[str], known_handles: Sequence[str], session_date: datetime | None
+) -> tuple[list[ExtractedFact], list[str]]:
     by_name = {t.lower(): t for t in types}
     known = set(known_handles)
     accepted: list[ExtractedFact] = []
     rejected: list[str] = []
     seen: set[str] = set()
-    for i, item in enumerate(reply["facts"]):
+    for i, item in enumerate(items):
         body = " ".join(str(item.get("text") or "").split())
         kind = by_name.get(str(item.get("type") or "").strip().lower())
         if not body:
@@ -132,7 +156,7 @@ def parse_extraction(
             rejected.append(f"fact {i}: {len(body)} characters, more than {MAX_FACT_CHARS} (not atomic)")
             continue
         if kind is None:
-            rejected.append(f"fact {i}: type {item.get('type')!r} is not one of {', '.join(types)}")
+            rejected.append(f"fact {i}: type {str(item.get('type'))[:40]!r} is not one of {', '.join(types)}")
             continue
         if body.lower() in seen:
             rejected.append(f"fact {i}: repeats an earlier fact of the same reply")
@@ -160,12 +184,16 @@ def extract(
     *,
     max_tokens: int = 800,
     temperature: float = 0.0,
+    max_facts: int = MAX_FACTS_PER_SESSION,
 ) -> Extraction:
     """Ask the LLM for the session's facts; one repair retry when the reply is unusable.
 
+    Only the reply's first ``max_facts`` facts are read; how many more it listed is ``cut``.
     Raises :class:`LLMOutputError` when the retry is unusable too, and lets connection, timeout and
     status errors through (the caller decides: raw fallback for bad output, retry later for the rest).
     """
+    if isinstance(max_facts, bool) or not isinstance(max_facts, int) or max_facts < 1:
+        raise InvalidArgumentError(f"max_facts must be an integer >= 1, got {max_facts!r}")
     messages = extraction_messages(session, guideline, existing)
     known = list(handles(existing))
     completions: list[Completion] = []
@@ -176,10 +204,10 @@ def extract(
         try:
             if completion.truncated:
                 raise LLMOutputError("the reply was cut off at the token limit", raw=completion.text)
-            facts, rejected = parse_extraction(
-                completion.text, types=guideline.type_names, known_handles=known, session_date=session.date
-            )
-            return Extraction(facts, rejected, completions, completion.text)
+            items = _reply_facts(completion.text)
+            facts, rejected = _checked_facts(items[:max_facts], guideline.type_names, known, session.date)
+            cut = max(len(items) - max_facts, 0)
+            return Extraction(facts, rejected, completions, completion.text, cut)
         except LLMOutputError as exc:
             problem = str(exc)
             if attempt == 0:

@@ -45,7 +45,7 @@ from ..store import Store
 from ..types import Fact, Scope, SearchParams
 from ._progress import ProgressBar
 from .consolidate import listed_facts, remove_owned
-from .extract import Extraction, extract, handles
+from .extract import MAX_FACTS_PER_SESSION, Extraction, extract, handles
 from .guideline import DEFAULT_GUIDELINE, Guideline
 from .ledger import Ledger, LedgerEntry, Status, owner_of
 from .sessions import ASSISTANT_ROLES, Session, UserSessions, key_part, scope_label
@@ -79,6 +79,7 @@ class IngestReport:
     facts_added: int = 0
     facts_updated: int = 0
     facts_rejected: int = 0
+    facts_cut: int = 0  # extracted facts past the per-session cap (Ingestor.max_facts), not stored
     llm_calls: int = 0
     consolidations: int = 0
     merged: int = 0
@@ -136,7 +137,12 @@ class Ingestor:
     - ``checkpoint``: called to make the store durable (e.g. ``lambda: store.save(path)``) before
       ledger lines are written, every ``checkpoint_every`` sessions and at the end of a run.
     - ``progress``: draw a progress bar on stderr.
+
+    ``max_facts`` (an attribute, 50): of one extraction reply, at most this many facts are read; the
+    rest are counted in the report's ``facts_cut``.
     """
+
+    max_facts: int = MAX_FACTS_PER_SESSION
 
     def __init__(
         self,
@@ -273,6 +279,7 @@ class Ingestor:
                 related,
                 max_tokens=self.max_tokens,
                 temperature=self.temperature,
+                max_facts=self.max_facts,
             )
         except LLMOutputError as exc:
             report.llm_calls += 2
@@ -284,6 +291,7 @@ class Ingestor:
             return "failed", [], 0, f"{type(exc).__name__}: {exc}"
         report.llm_calls += len(extraction.completions)
         report.facts_rejected += len(extraction.rejected)
+        report.facts_cut += extraction.cut
         facts, added, updated = self._upsert(extraction, related, session, scope, kept or set())
         report.facts_added += added
         report.facts_updated += updated
