@@ -1,4 +1,18 @@
-"""Date parsing and comparison, with one rule: never mix naive and aware datetimes silently."""
+"""Date parsing and comparison, with one rule: never mix naive and aware datetimes silently.
+
+Two places dates come from, two policies:
+
+- Dates pgr is *given* (``retrieve(date=...)``, facts written to the embedded store) are taken as they
+  are; a naive one next to an aware one is refused (:func:`check_same_kind`), since only the caller
+  knows what a naive time means.
+- Dates pgr *reads* from a framework's store (a Qdrant payload, a mem0 record, LlamaIndex metadata)
+  were written by others, and one store often holds both kinds (mem0's own ``add`` stamps aware UTC
+  times next to the naive ones an application passed). Refusing them would refuse every query that
+  meets one, so :func:`read_stored_date` reads a naive stored time as UTC: every date such a store
+  returns is aware. Such a store says so (``naive_dates_are_utc = True``), and PGR then reads a naive
+  query date as UTC too (:func:`as_utc`), so the comparison never mixes kinds whichever the caller
+  passes. An aware date keeps its own offset.
+"""
 
 from __future__ import annotations
 
@@ -49,6 +63,22 @@ def read_date(value: object) -> datetime | None:
         return parse_date(value)  # type: ignore[arg-type]
     except InvalidArgumentError:
         return None
+
+
+def read_stored_date(value: object) -> datetime | None:
+    """:func:`read_date` for a date a framework's store holds: a naive result is read as UTC, so every
+    date the adapters return is timezone-aware (see the module docstring).
+
+    >>> read_stored_date("2025-03-01")
+    datetime.datetime(2025, 3, 1, 0, 0, tzinfo=datetime.timezone.utc)
+    """
+    moment = read_date(value)
+    return None if moment is None else as_utc(moment)
+
+
+def as_utc(moment: datetime) -> datetime:
+    """``moment`` itself when timezone-aware (its offset kept); a naive one read as UTC."""
+    return moment if is_aware(moment) else moment.replace(tzinfo=UTC)
 
 
 def is_aware(moment: datetime) -> bool:

@@ -1,10 +1,13 @@
 """pgr's caches: what each one keys on, what it may serve, and when it is cleared.
 
-- :class:`CachedEmbedder`: probe text → vector, least recently used first out. A vector depends on the
-  text alone, never on who asked, so one cache may serve every scope: it holds no memory of anyone,
-  only the embedding of strings pgr was asked to embed. The embedded store embeds its probes through
-  one, and PGR's probe hygiene shares it, so the store's embedding of a round's probes is served from
-  the vectors hygiene has just computed (and the query, embedded once per call, is reused all call).
+- :class:`CachedEmbedder`: probe text → vector, least recently used first out, kept apart per scope.
+  A vector depends on the text alone, but *whether it is cached* says that someone asked that text:
+  served across scopes, a hit (in ``embed_cache_hits``, in ``embed_texts``, or in the time a call
+  takes) would tell bob that alice asked the same question. So an entry serves only the scope of the
+  PGR call that filled it (the call's scope is on its :class:`EmbedCount`); embeddings made outside
+  any PGR call share one partition of their own. The embedded store embeds its probes through one,
+  and PGR's probe hygiene shares it, so the store's embedding of a round's probes is served from the
+  vectors hygiene has just computed (and the query, embedded once per call, is reused all call).
 - :class:`ProspectionCache` (opt-in, ``PGR(phase1_reuse=True)``): a Phase-1 prospection (the augmented
   intent and the initial steps) reused for a near-identical later query. Personal context went into
   it, so it is keyed by the whole :class:`~pgr_core.types.Scope` and by the query date, bounded per
@@ -13,7 +16,9 @@
 Counting: while PGR runs a call it installs an :class:`EmbedCount` (a context variable, so concurrent
 calls in threads or asyncio tasks each count their own); every :class:`CachedEmbedder` reports to it,
 and the count turns into ``embed_calls``, ``embed_texts`` and ``embed_cache_hits`` in the trace's usage.
-The same count carries the call's switch: with ``use_cache=False`` every cache passes straight through.
+The same count carries the call's switch (with ``use_cache=False`` every cache passes straight through)
+and its scope, the cache partition it reads and fills; since a call is served only what its own scope
+filled, its hit count is its own business.
 """
 
 from __future__ import annotations
@@ -46,9 +51,11 @@ __all__ = ["CachedEmbedder", "EmbedCount", "ProspectionCache", "Reusable", "coun
 @dataclass
 class EmbedCount:
     """What one retrieval asked of its embedders: ``calls`` that reached an embedding model, the
-    ``texts`` the model embedded, and the texts served from a cache (``hits``)."""
+    ``texts`` the model embedded, and the texts served from a cache (``hits``). ``scope`` (set by PGR
+    when the call first embeds) is the cache partition the call reads and fills."""
 
     use_cache: bool = True
+    scope: Scope | None = None
     calls: int = 0
     texts: int = 0
     hits: int = 0
@@ -84,9 +91,12 @@ class CachedEmbedder:
     """An embedder with a bounded cache of text → vector in front of it (least recently used out).
 
     The vectors are exactly those of ``inner`` (a cached row is the row ``inner`` returned), so the
-    cache changes cost, never results. It is not per user: a vector depends on the text alone, so one
-    cache safely serves every scope. Thread-safe; texts missing from the cache go to ``inner`` in one
-    call. ``max_entries=0`` keeps nothing (every text goes to ``inner``, still counted).
+    cache changes cost, never results. Entries are kept per scope: a PGR call is served only the
+    vectors that calls of its own scope filled, so neither its hit count nor its speed tells anyone
+    what another scope asked (the price: a text two users ask is embedded once for each). Embedding
+    outside PGR uses one partition of its own. Thread-safe; texts missing from the cache go to
+    ``inner`` in one call. ``max_entries`` bounds all partitions together; ``0`` keeps nothing (every
+    text goes to ``inner``, still counted).
 
     >>> embedder = CachedEmbedder(HashingEmbedder(), max_entries=4096)  # doctest: +SKIP
     """
@@ -99,7 +109,7 @@ class CachedEmbedder:
         self.name: str = getattr(inner, "name", type(inner).__name__)
         self.dim: int = getattr(inner, "dim", 0)
         self.max_entries = max_entries
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[tuple[Scope | None, str], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0  # over the embedder's life, every caller together
         self.misses = 0
@@ -129,13 +139,14 @@ class CachedEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         count = _COUNT.get()
         use = self.max_entries > 0 and (count is None or count.use_cache)
+        partition = count.scope if count is not None else None  # only what this scope filled is served
         known: dict[str, np.ndarray] = {}
         if use:
             with self._lock:
                 for t in texts:
-                    row = self._cache.get(t)
+                    row = self._cache.get((partition, t))
                     if row is not None:
-                        self._cache.move_to_end(t)
+                        self._cache.move_to_end((partition, t))
                         known[t] = row
         hits = sum(1 for t in texts if t in known)
         missing = [t for t in dict.fromkeys(texts) if t not in known]
@@ -147,7 +158,7 @@ class CachedEmbedder:
             known.update(fresh)
             if use:
                 with self._lock:
-                    self._cache.update(fresh)
+                    self._cache.update(((partition, t), row) for t, row in fresh.items())
                     while len(self._cache) > self.max_entries:
                         self._cache.popitem(last=False)
         with self._lock:

@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from ._budget import BudgetStop, Meter
-from ._dates import DateLike, check_same_kind, parse_date
+from ._dates import DateLike, as_utc, check_same_kind, parse_date
 from ._drivers import Drivers
 from ._effects import Ask, Flow, Search
 from .caches import CachedEmbedder, ProspectionCache, Reusable, current_count
@@ -262,7 +262,10 @@ class PGR(Savings, Drivers):
             raise InvalidArgumentError(f"query must be a non-empty string, got {query!r}")
         if needs_llm and self.llm is None:
             raise ConfigurationError("answer() needs an LLM: pass llm=... to PGR or set PGR_LLM_BASE_URL")
-        return query.strip(), Scope.coerce(scope), parse_date(date, what="date")
+        moment = parse_date(date, what="date")
+        if moment is not None and getattr(self.store, "naive_dates_are_utc", False):
+            moment = as_utc(moment)  # its facts' dates are all aware (pgr_core._dates): compare like with like
+        return query.strip(), Scope.coerce(scope), moment
 
     def _meter(self, budget: BudgetArg) -> Meter:
         """This call's budget: the instance's, tightened by the call's own (checked here, up front)."""
@@ -642,6 +645,8 @@ class PGR(Savings, Drivers):
     def _embeds(self, trace: Trace, phase: str) -> Iterator[None]:
         """Bill to ``phase`` the embeddings made meanwhile (hygiene's, the store's, the reuse lookup's)."""
         count = current_count()
+        if count is not None and count.scope is None:
+            count.scope = Scope.coerce(trace.scope)  # the embedding cache serves a call only its own scope's entries
         before = count.snapshot() if count is not None else (0, 0, 0)
         try:
             yield

@@ -79,7 +79,8 @@ class Usage:
     Embeddings (probe hygiene's, and the store's when it embeds through a
     :class:`~pgr_core.caches.CachedEmbedder`, as the embedded store and MiniLM do): ``embed_calls`` that
     reached an embedding model, the ``embed_texts`` it embedded, and ``embed_cache_hits``, texts served
-    from the cache instead.
+    from the cache instead. The cache serves a call only entries that calls of its own scope filled
+    (:mod:`pgr_core.caches`), so these counts never tell one user what another asked.
     """
 
     llm_calls: int = 0

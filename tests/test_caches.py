@@ -110,14 +110,18 @@ def test_with_an_llm_the_query_is_embedded_once_per_call() -> None:
     assert result.trace.usage_by_phase["augment"].embed_calls == 1
 
 
-def test_a_second_call_reuses_the_first_calls_vectors() -> None:
+def test_a_second_call_reuses_the_vectors_of_its_own_scope_only() -> None:
     store, inner = counting_store()
-    pgr = PGR(store, strategy=ScriptedProspector(ROUNDS * 2), delta=0, min_score=0.1)
-    pgr.retrieve(QUERY, scope=U1)
+    first = PGR(store, strategy=ScriptedProspector(ROUNDS), delta=0, min_score=0.1).retrieve(QUERY, scope=U1)
     calls = inner.calls
-    second = PGR(store, strategy=ScriptedProspector(ROUNDS), delta=0, min_score=0.1).retrieve(QUERY, scope=U2)
-    assert inner.calls == calls and second.trace.usage.embed_calls == 0  # text → vector: any scope may reuse
-    assert all(f.fact.scope == U2 for f in second.facts)
+    again = PGR(store, strategy=ScriptedProspector(ROUNDS), delta=0, min_score=0.1).retrieve(QUERY, scope=U1)
+    assert inner.calls == calls and again.trace.usage.embed_calls == 0  # the same scope reuses its vectors
+    # another scope asking the same texts is served nothing U1's calls cached: it embeds afresh, and
+    # its usage is what it would be had U1 never asked (no hit tells it U1 did)
+    other = PGR(store, strategy=ScriptedProspector(ROUNDS), delta=0, min_score=0.1).retrieve(QUERY, scope=U2)
+    assert inner.calls == 2 * calls
+    assert other.trace.usage.to_dict() | {"store_seconds": 0} == first.trace.usage.to_dict() | {"store_seconds": 0}
+    assert all(f.fact.scope == U2 for f in other.facts)
 
 
 def test_concurrent_calls_each_count_their_own_embeddings() -> None:

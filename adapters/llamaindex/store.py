@@ -18,7 +18,12 @@ told how to scope it, in one of three ways:
   scope's data". Searches for that exact scope run unfiltered; any other scope raises ScopeError.
 
 Anything else raises :class:`~pgr_core.errors.ScopeError` at construction. As a belt, every returned
-node whose metadata names another owner is dropped (and counted in ``out_of_scope_dropped``).
+node whose metadata names another owner, or names its owner other than as plain strings (a list, which
+many vector stores' exact-match filters match by any element; a number), is dropped (and counted in
+``out_of_scope_dropped``); the search goes on with the rest.
+
+Dates: a metadata date without a timezone is read as UTC (:func:`pgr_core._dates.read_stored_date`), so
+every fact date is aware, and PGR reads a naive query date over this store as UTC too.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import logging
 import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -39,7 +44,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeRelationship, No
 from llama_index.core.storage.docstore.types import BaseDocumentStore
 from llama_index.core.vector_stores.types import ExactMatchFilter, FilterCondition, MetadataFilters
 
-from pgr_core._dates import read_date
+from pgr_core._dates import read_stored_date
 from pgr_core.embedders import Embedder
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, PGRError, ScopeError, StoreError
 from pgr_core.store import Store, validate_probes
@@ -96,6 +101,9 @@ class RetrieverStore(Store):
       embeds queries differently from documents (an instruction prefix). Retrievers other than a
       ``VectorIndexRetriever`` embed per probe as usual.
     """
+
+    #: Metadata dates without a timezone are read as UTC; PGR reads a naive query date so too.
+    naive_dates_are_utc: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -292,7 +300,14 @@ class RetrieverStore(Store):
         metadata leaves out; under metadata filters a missing key means the backend ignored the filter.
         """
         metadata = node.metadata or {}
-        owner = {f: str(metadata[k]) for f, k in self.scope_keys.items() if metadata.get(k) not in (None, "")}
+        owner: dict[str, str] = {}
+        for field, key in self.scope_keys.items():
+            value = metadata.get(key)
+            if value is None or (isinstance(value, str) and not value.strip()):
+                continue
+            if not isinstance(value, str):
+                return None  # a list or a number names no one plainly: the node is nobody's
+            owner[field] = value
         if self.scoping != "metadata_filters":
             for field, value in scope.as_dict().items():
                 owner.setdefault(field, value)
@@ -422,8 +437,9 @@ def _and(existing: MetadataFilters | None, scope: MetadataFilters) -> MetadataFi
 
 
 def _date(value: Any) -> datetime | None:
-    """A metadata date, leniently: one unreadable date must not fail every search that meets it."""
-    return read_date(value)
+    """A metadata date, leniently: one unreadable date must not fail every search that meets it; a naive
+    one is UTC (the module docstring)."""
+    return read_stored_date(value)
 
 
 def _anchors(hit_lists: Sequence[Sequence[tuple[Hit, BaseNode]]]) -> list[BaseNode]:

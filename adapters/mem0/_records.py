@@ -2,6 +2,12 @@
 a graph relation becomes a relation fact, and a pgr fact becomes the arguments of ``Memory.add``.
 
 Imports no mem0: these are plain dicts and duck-typed points.
+
+Owners: a record's ``user_id`` / ``agent_id`` / ``run_id`` are read only as plain strings
+(:func:`owner_of`); a record naming its owner any other way (a list, which Qdrant's keyword filter
+matches by any element; a number) is nobody's, and the store drops it from a search. Dates: mem0's
+``created_at`` / ``updated_at`` without a timezone are read as UTC (:func:`parse_when`), so one memory
+holding mem0's own aware stamps next to naive dates is still searched by date.
 """
 
 from __future__ import annotations
@@ -12,10 +18,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
-from pgr_core._dates import read_date
+from pgr_core._dates import read_stored_date
 from pgr_core.types import Fact, Scope
 
-__all__ = ["RELATION_TYPE", "Mem0Fact", "fact_from_item", "fact_from_point", "relation_fact", "write_metadata"]
+__all__ = [
+    "RELATION_TYPE",
+    "Mem0Fact",
+    "fact_from_item",
+    "fact_from_point",
+    "owner_of",
+    "relation_fact",
+    "visible_to",
+    "write_metadata",
+]
 
 SCOPE_KEYS = ("user_id", "agent_id", "run_id")
 RELATION_TYPE = "relation"
@@ -41,9 +56,10 @@ class Mem0Fact(Fact):
 
 
 def parse_when(value: Any) -> datetime | None:
-    """mem0's ``created_at`` / ``updated_at`` (ISO strings, aware or naive) as datetimes, kept as they are;
-    anything unreadable is None rather than a failed search."""
-    return read_date(value)
+    """mem0's ``created_at`` / ``updated_at`` (ISO strings, aware or naive) as aware datetimes: an aware
+    one keeps its offset, a naive one is read as UTC; anything unreadable is None rather than a failed
+    search."""
+    return read_stored_date(value)
 
 
 def expired(payload: Mapping[str, Any]) -> bool:
@@ -57,9 +73,24 @@ def expired(payload: Mapping[str, Any]) -> bool:
         return False
 
 
-def _scope_of(source: Mapping[str, Any]) -> Scope | None:
-    ids = {k: str(source[k]) for k in SCOPE_KEYS if source.get(k) not in (None, "")}
+def owner_of(source: Mapping[str, Any]) -> Scope | None:
+    """The owner a record (a point's payload or a ``search`` item) names, each id a plain string (a blank
+    one names nothing); None when it names none, or names one ambiguously (a list, a number...)."""
+    ids: dict[str, str] = {}
+    for key in SCOPE_KEYS:
+        value = source.get(key)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            continue
+        if not isinstance(value, str):
+            return None
+        ids[key] = value
     return Scope(**ids) if ids else None
+
+
+def visible_to(source: Mapping[str, Any], scope: Scope) -> bool:
+    """True when the record's owner is plainly one ``scope`` may see."""
+    owner = owner_of(source)
+    return owner is not None and scope.allows(owner)
 
 
 def _fact(record: dict[str, Any], metadata: Mapping[str, Any], scope: Scope) -> Mem0Fact:
@@ -85,7 +116,7 @@ def fact_from_point(point: Any) -> Mem0Fact | None:
     """A vector-store hit (``.id``, ``.payload``) as mem0's ``search`` would format it; None for a point
     without text or without an owner (mem0 never writes one)."""
     payload = dict(getattr(point, "payload", None) or {})
-    scope = _scope_of(payload)
+    scope = owner_of(payload)
     if not payload.get("data") or scope is None:
         return None
     metadata = {k: v for k, v in payload.items() if k not in _CORE}
@@ -103,7 +134,7 @@ def fact_from_point(point: Any) -> Mem0Fact | None:
 
 def fact_from_item(item: Mapping[str, Any]) -> Mem0Fact | None:
     """An item of ``Memory.search(...)["results"]`` (its ``score`` is left out of the record)."""
-    scope = _scope_of(item)
+    scope = owner_of(item)
     if not item.get("memory") or scope is None or item.get("id") is None:
         return None
     record = {k: v for k, v in item.items() if k not in ("score", "score_details")}

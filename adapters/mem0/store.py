@@ -16,6 +16,10 @@ cosine between the probe and that sentence, embedded with mem0's own embedder (o
 the probes and the relations together), must clear τ, and takes its place in the ranking by that score.
 
 mem0 keeps no turn order, so there is no temporal window (``capabilities.window`` is False).
+
+Owners and dates (see :mod:`._records`): a record whose owner ids are not plain strings is dropped from
+a search and counted in ``Mem0Store.out_of_scope_dropped`` (the search goes on with the rest), and a
+``created_at`` without a timezone is read as UTC, as is a naive query date given to PGR over this store.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import asyncio
 import concurrent.futures
 import copy
 import inspect
+import logging
+import threading
 import warnings
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,9 +44,20 @@ from pgr_core.store import Store, validate_probes
 from pgr_core.trace import FoundFact, RetrievalResult
 from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams
 
-from ._records import SCOPE_KEYS, Mem0Fact, expired, fact_from_item, fact_from_point, relation_fact, write_metadata
+from ._records import (
+    SCOPE_KEYS,
+    Mem0Fact,
+    expired,
+    fact_from_item,
+    fact_from_point,
+    relation_fact,
+    visible_to,
+    write_metadata,
+)
 
 __all__ = ["Mem0Fact", "Mem0Store"]
+
+logger = logging.getLogger(__name__)
 
 SearchPath = Literal["auto", "batch", "search"]
 # Vector stores whose search score is a cosine similarity as mem0 configures them (Qdrant collections
@@ -70,6 +87,8 @@ class Mem0Store(Store):
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities(writable=True, dates=True, cosine_scores=True, window=False)
+    #: mem0 dates without a timezone are read as UTC; PGR reads a naive query date so too.
+    naive_dates_are_utc: ClassVar[bool] = True
 
     def __init__(
         self, memory: Any, llm: LLM | None = None, *, search_path: SearchPath = "auto", **pgr_options: Any
@@ -106,6 +125,18 @@ class Mem0Store(Store):
         self._filters: dict[str, Any] = {}  # metadata filters of one drop-in call (see _view)
         self._show_expired = False
         self._last_error: BaseException | None = None
+        self._dropped = _Tally()  # shared with the drop-in's views (copy.copy keeps the reference)
+
+    @property
+    def out_of_scope_dropped(self) -> int:
+        """Records searches dropped because their owner ids were not plainly the caller's (a list, ...)."""
+        return self._dropped.value
+
+    def _foreign(self, record_id: Any, scope: Scope) -> None:
+        self._dropped.add()
+        logger.warning(
+            "dropped mem0 record %s: its owner ids are not plainly those of scope %s", record_id, scope.as_dict()
+        )
 
     def __repr__(self) -> str:
         return f"Mem0Store({type(self.memory).__name__}, search_path={self.search_path!r}, graph={self.has_graph})"
@@ -190,6 +221,9 @@ class Mem0Store(Store):
         for points in point_lists:
             scored: list[tuple[Fact, float]] = []
             for point in points or []:
+                if not visible_to(point.payload or {}, scope):
+                    self._foreign(getattr(point, "id", None), scope)
+                    continue
                 fact = fact_from_point(point)
                 if fact is None or (not self._show_expired and expired(point.payload or {})):
                     continue
@@ -242,6 +276,9 @@ class Mem0Store(Store):
             items = answer.get("results", []) if isinstance(answer, Mapping) else answer
             scored: list[tuple[Fact, float]] = []
             for item in items or []:
+                if not isinstance(item, Mapping) or not visible_to(item, scope):
+                    self._foreign(item.get("id") if isinstance(item, Mapping) else None, scope)
+                    continue
                 fact = fact_from_item(item)
                 if fact is not None and item.get("score") is not None:
                     scored.append((fact, float(item["score"])))
@@ -438,6 +475,18 @@ class _DropIn:
 
 
 # ====================================================================== helpers
+
+
+class _Tally:
+    """A thread-safe counter a store and its views share."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, amount: int = 1) -> None:
+        with self._lock:
+            self.value += amount
 
 
 def _ranked(scored: list[tuple[Fact, float]], top_k: int) -> list[Hit]:

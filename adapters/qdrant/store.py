@@ -14,12 +14,25 @@ Payload layout read (and written by :meth:`QdrantStore.upsert_facts`)::
     session_id, position            the turn's place in its session (for the window)
     type, fact_id                   the fact's type; its pgr id when that is not the point id
     anything else                   Fact.metadata
+
+Owners. Every request filters on the caller's scope, and every point that comes back is checked again:
+it is returned only when each owner field it carries is a plain, non-blank string and they are the
+caller's (Qdrant's keyword match matches a list by any element, so a point with ``user_id: ["alice",
+"bob"]`` answers both). Any other point is dropped, counted in ``out_of_scope_dropped`` and logged;
+the rest of the search goes on. A fact id names one owner's point: :meth:`QdrantStore.upsert_facts`
+refuses an id whose point another owner holds, and leaves that point as it was.
+
+Dates. A payload date without a timezone is read as UTC (:func:`pgr_core._dates.read_stored_date`), so
+every fact date this store returns is aware, and PGR reads a naive query date as UTC too: a collection
+holding both kinds (mem0's stamps next to dates other writers left naive) is searched, never refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,13 +46,15 @@ from qdrant_client import models as qm
 from qdrant_client.local.async_qdrant_local import AsyncQdrantLocal
 from qdrant_client.local.qdrant_local import QdrantLocal
 
-from pgr_core._dates import read_date
+from pgr_core._dates import read_stored_date
 from pgr_core.embedders import Embedder
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, PGRError, ScopeError, StoreError
 from pgr_core.store import Store, validate_probes
 from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams
 
 __all__ = ["DEFAULT_SCOPE_FIELDS", "TEXT_KEYS", "CollectionLayout", "QdrantStore"]
+
+logger = logging.getLogger(__name__)
 
 #: pgr scope field -> payload key; mem0 stores its owner ids under these very names.
 DEFAULT_SCOPE_FIELDS: Mapping[str, str] = {"user_id": "user_id", "agent_id": "agent_id", "run_id": "run_id"}
@@ -111,6 +126,8 @@ class QdrantStore(Store):
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities(writable=True, dates=True)
+    #: Payload dates without a timezone are read as UTC; PGR reads a naive query date so too.
+    naive_dates_are_utc: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -148,6 +165,8 @@ class QdrantStore(Store):
         self._local = isinstance(getattr(client, "_client", None), QdrantLocal | AsyncQdrantLocal)
         self._layout: CollectionLayout | None = None
         self.capabilities = Capabilities(writable=True, dates=True, native_async=self._async)  # type: ignore[misc]
+        self.out_of_scope_dropped = 0  # points a search dropped: their owner fields were not plainly the caller's
+        self._count_lock = threading.Lock()
         if not self._async or self._local:
             self.inspect()  # learn the layout now, so set-up errors surface at construction
 
@@ -272,7 +291,7 @@ class QdrantStore(Store):
         for the neighbours when ``params.window`` > 0 and the collection keeps turn order)."""
         if self._async:
             return self._blocking(self.asearch_batch(probes, scope=scope, params=params))
-        probes, condition = self._prepare(probes, scope)
+        probes, scope, condition = self._prepare(probes, scope)
         if not probes:
             return []
         layout = self._layout if self._layout and self._layout.text_key else self.inspect()
@@ -281,7 +300,7 @@ class QdrantStore(Store):
         requests = self._requests(self.embedder.embed(probes), condition, params)
         with self._backend("query_batch_points"):
             responses = self._sync.query_batch_points(self.collection, requests=requests)
-        direct = self._direct(responses)
+        direct = self._direct(responses, scope)
         neighbours = self._neighbour_filter(direct, condition, params)
         records: list[Any] = []
         if neighbours is not None:
@@ -295,13 +314,13 @@ class QdrantStore(Store):
                     records.extend(page)
                     if offset is None:
                         break
-        return self._assemble(direct, records, params.window if neighbours else 0)
+        return self._assemble(direct, records, params.window if neighbours else 0, scope)
 
     async def asearch_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
         """Async twin of :meth:`search_batch`: native with an ``AsyncQdrantClient``, a thread otherwise."""
         if not self._async:
             return await asyncio.to_thread(self.search_batch, probes, scope=scope, params=params)
-        probes, condition = self._prepare(probes, scope)
+        probes, scope, condition = self._prepare(probes, scope)
         if not probes:
             return []
         layout = self._layout if self._layout and self._layout.text_key else await self.ainspect()
@@ -311,7 +330,7 @@ class QdrantStore(Store):
         requests = self._requests(vectors, condition, params)
         async with self._abackend("query_batch_points"):
             responses = await self._aio.query_batch_points(self.collection, requests=requests)
-        direct = self._direct(responses)
+        direct = self._direct(responses, scope)
         neighbours = self._neighbour_filter(direct, condition, params)
         records: list[Any] = []
         if neighbours is not None:
@@ -325,12 +344,13 @@ class QdrantStore(Store):
                     records.extend(page)
                     if offset is None:
                         break
-        return self._assemble(direct, records, params.window if neighbours else 0)
+        return self._assemble(direct, records, params.window if neighbours else 0, scope)
 
     # -- the steps of one search, shared by the sync and async paths
 
-    def _prepare(self, probes: Sequence[str], scope: Scope) -> tuple[list[str], list[qm.Condition]]:
-        return validate_probes(probes), self.scope_conditions(Scope.coerce(scope))
+    def _prepare(self, probes: Sequence[str], scope: Scope) -> tuple[list[str], Scope, list[qm.Condition]]:
+        scope = Scope.coerce(scope)
+        return validate_probes(probes), scope, self.scope_conditions(scope)
 
     def scope_conditions(self, scope: Scope) -> list[qm.Condition]:
         """The payload conditions every request carries: one ``MatchValue`` per set scope field.
@@ -364,17 +384,50 @@ class QdrantStore(Store):
             for vector in vectors
         ]
 
-    def _direct(self, responses: Sequence[Any]) -> list[list[_Found]]:
+    def _direct(self, responses: Sequence[Any], scope: Scope) -> list[list[_Found]]:
         sign = -1.0 if self.layout.distance in (qm.Distance.EUCLID, qm.Distance.MANHATTAN) else 1.0
         out = []
         for response in responses:
-            found = []
-            for rank, point in enumerate(response.points):
+            found: list[_Found] = []
+            for point in self._visible(response.points, scope):
                 payload = point.payload or {}
-                hit = Hit(fact=self.fact_from_payload(point.id, payload), score=sign * float(point.score), rank=rank)
+                fact = self.fact_from_payload(point.id, payload)
+                hit = Hit(fact=fact, score=sign * float(point.score), rank=len(found))
                 found.append(_Found(hit, payload.get(self.session_key), _position(payload.get(self.position_key))))
             out.append(found)
         return out
+
+    def owner_of(self, payload: Mapping[str, Any]) -> Scope | None:
+        """The owner a point names: its scope fields, each a plain string (a blank one names nothing).
+        ``None`` when it names none, or names one ambiguously (a list, a number, a mapping: Qdrant's
+        keyword match matches a list by any element, so such a point would answer to several owners)."""
+        owner: dict[str, str] = {}
+        for field, key in self.scope_fields.items():
+            value = payload.get(key)
+            if value is None or (isinstance(value, str) and not value.strip()):
+                continue
+            if not isinstance(value, str):
+                return None
+            owner[field] = value
+        return Scope(**owner) if owner else None
+
+    def _visible(self, points: Sequence[Any], scope: Scope) -> list[Any]:
+        """The points ``scope`` may see; the others are dropped, counted and logged, never an error."""
+        kept = []
+        for point in points:
+            owner = self.owner_of(point.payload or {})
+            if owner is not None and scope.allows(owner):
+                kept.append(point)
+                continue
+            with self._count_lock:
+                self.out_of_scope_dropped += 1
+            logger.warning(
+                "dropped point %s of collection %r: its owner fields are not plainly those of scope %s",
+                point.id,
+                self.collection,
+                scope.as_dict(),
+            )
+        return kept
 
     def _neighbour_filter(
         self, direct: list[list[_Found]], condition: list[qm.Condition], params: SearchParams
@@ -405,11 +458,13 @@ class QdrantStore(Store):
         # room for a few owners sharing a session id, so one page is the rule
         return flt, max(64, 4 * sum(len(p) for p in wanted.values()))
 
-    def _assemble(self, direct: list[list[_Found]], records: Sequence[Any], window: int) -> list[list[Hit]]:
+    def _assemble(
+        self, direct: list[list[_Found]], records: Sequence[Any], window: int, scope: Scope
+    ) -> list[list[Hit]]:
         """Each direct hit followed by its ±window neighbours of the same owner and session, nearest
         first (-1, +1, -2, +2, ...), as ``pgr_core.memory`` does."""
         turns: dict[tuple[Scope, str, int], Fact] = {}
-        for record in records:
+        for record in self._visible(records, scope):
             fact = self.fact_from_payload(record.id, record.payload or {})
             if fact.session_id is not None and fact.position is not None:
                 turns.setdefault((fact.scope, fact.session_id, fact.position), fact)
@@ -433,7 +488,8 @@ class QdrantStore(Store):
     def fact_from_payload(self, point_id: Any, payload: Mapping[str, Any]) -> Fact:
         """The Fact a point stands for: text, owner, dates, session/position, type, the rest as metadata."""
         text_key = self.layout.text_key or "text"
-        owner = {f: str(payload[k]) for f, k in self.scope_fields.items() if payload.get(k) is not None}
+        # plain strings only: a search has already dropped any point whose owner is not (owner_of)
+        owner = {f: v for f, k in self.scope_fields.items() if isinstance(v := payload.get(k), str) and v.strip()}
         used = {text_key, FACT_ID_KEY, UPDATED_AT_KEY, TYPE_KEY, self.session_key, self.position_key}
         used.update(self.scope_fields.values(), self.date_keys, _LLAMA_BOOKKEEPING)
         session = payload.get(self.session_key)
@@ -466,7 +522,13 @@ class QdrantStore(Store):
     def upsert_facts(self, facts: Sequence[Fact]) -> list[str]:
         """Embed (one call) and upsert facts as points in the layout this store reads; returns their ids.
 
-        Upserting an id that exists replaces that point. Every fact is checked before any is written.
+        Upserting an id that exists replaces that point, when it is the same owner's (the same scope).
+        An id whose point another owner holds (or a point whose owner fields are ambiguous) is refused
+        with :class:`InvalidArgumentError`, and nothing of the batch is written: fact ids are unique per
+        collection, so two tenants cannot share one. Every fact is checked before any is written (one
+        ``retrieve`` of the batch's point ids). Each owner's points then go in with that owner as
+        Qdrant's ``update_filter`` (its scope fields), so a write racing another user's for one id skips
+        that point rather than replace it.
         """
         if self._async:
             return self._blocking(self.aupsert_facts(facts))
@@ -474,10 +536,17 @@ class QdrantStore(Store):
         layout = self._layout or self.inspect()
         if not batch:
             return []
+        with self._backend("retrieve (owners of the ids)"):
+            held = self._sync.retrieve(
+                self.collection, ids=_unique_point_ids(batch), with_payload=True, with_vectors=False
+            )
+        self._check_owners(batch, held)
         points = self._points(batch, layout)
         with self._backend("upsert"):
-            for start in range(0, len(points), _UPSERT_CHUNK):
-                self._sync.upsert(self.collection, points=points[start : start + _UPSERT_CHUNK], wait=True)
+            for guard, group in self._by_owner(batch, points):
+                for start in range(0, len(group), _UPSERT_CHUNK):
+                    chunk = group[start : start + _UPSERT_CHUNK]
+                    self._sync.upsert(self.collection, points=chunk, wait=True, update_filter=guard)
         self._after_write(batch, layout)
         return [f.id for f in batch]
 
@@ -489,12 +558,49 @@ class QdrantStore(Store):
         layout = self._layout or await self.ainspect()
         if not batch:
             return []
+        async with self._abackend("retrieve (owners of the ids)"):
+            held = await self._aio.retrieve(
+                self.collection, ids=_unique_point_ids(batch), with_payload=True, with_vectors=False
+            )
+        self._check_owners(batch, held)
         points = await asyncio.to_thread(self._points, batch, layout)
         async with self._abackend("upsert"):
-            for start in range(0, len(points), _UPSERT_CHUNK):
-                await self._aio.upsert(self.collection, points=points[start : start + _UPSERT_CHUNK], wait=True)
+            for guard, group in self._by_owner(batch, points):
+                for start in range(0, len(group), _UPSERT_CHUNK):
+                    chunk = group[start : start + _UPSERT_CHUNK]
+                    await self._aio.upsert(self.collection, points=chunk, wait=True, update_filter=guard)
         self._after_write(batch, layout)
         return [f.id for f in batch]
+
+    def _check_owners(self, batch: list[Fact], held: Sequence[Any]) -> None:
+        """Refuse a fact whose id names a point of another owner (or two owners in one batch)."""
+        claimed: dict[str, Fact] = {}
+        for fact in batch:
+            key = str(self.point_id(fact.id))
+            first = claimed.setdefault(key, fact)
+            if first.scope != fact.scope:
+                raise InvalidArgumentError(
+                    f"facts {first.id!r} and {fact.id!r} of this batch name one point but different owners; "
+                    "a fact id belongs to one owner: give each owner's fact its own id"
+                )
+        for record in held:
+            mine = claimed.get(str(record.id))
+            if mine is not None and self.owner_of(record.payload or {}) != mine.scope:
+                raise InvalidArgumentError(
+                    f"fact id {mine.id!r} is held by another owner in collection {self.collection!r} (point "
+                    f"{record.id}); pgr never replaces another owner's point: give this fact another id. "
+                    "Nothing of this batch was written"
+                )
+
+    def _by_owner(
+        self, batch: list[Fact], points: list[qm.PointStruct]
+    ) -> list[tuple[qm.Filter, list[qm.PointStruct]]]:
+        """The batch's points per owner, each with the filter an existing point must pass to be replaced:
+        the scope fields that owner sets (a point of another user or agent is never replaced)."""
+        groups: dict[Scope, list[qm.PointStruct]] = {}
+        for fact, point in zip(batch, points, strict=True):
+            groups.setdefault(fact.scope, []).append(point)
+        return [(qm.Filter(must=list(self.scope_conditions(owner))), group) for owner, group in groups.items()]
 
     def _check_facts(self, facts: Sequence[Fact]) -> list[Fact]:
         batch = list(facts)
@@ -759,6 +865,10 @@ def _mapped(what: str) -> Iterator[None]:
         raise StoreError(f"Qdrant {what} failed: {type(exc).__name__}: {exc}") from exc
 
 
+def _unique_point_ids(batch: Sequence[Fact]) -> list[int | str]:
+    return list(dict.fromkeys(QdrantStore.point_id(f.id) for f in batch))
+
+
 def _run_in_thread(coro: Any) -> Any:
     # a fresh loop on a worker thread works whether or not the caller's thread runs a loop
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgr-qdrant") as pool:
@@ -795,7 +905,8 @@ def _text_of(payload: Mapping[str, Any], key: str) -> str | None:
 
 
 def _date(value: Any) -> Any:
-    return read_date(value)  # a payload date pgr cannot read is no reason to fail a search
+    # a payload date pgr cannot read is no reason to fail a search; a naive one is UTC (module docstring)
+    return read_stored_date(value)
 
 
 def _position(value: Any) -> int | None:

@@ -220,7 +220,8 @@ def test_facts_carry_mem0_ids_dates_metadata_and_record(memory: Any) -> None:
     hit = Mem0Store(memory)._checked_search(["sold my car, bus"], ALICE, SearchParams(top_k=1, min_score=0.0))[0][0]
     fact = hit.fact
     assert isinstance(fact, Mem0Fact) and memory.get(fact.id)["memory"] == fact.text
-    assert fact.date == datetime(2025, 1, 7) and fact.updated_at == fact.date
+    # written naive, read back as UTC: every date a framework's store returns is aware (pgr_core._dates)
+    assert fact.date == datetime(2025, 1, 7, tzinfo=UTC) and fact.updated_at == fact.date
     assert (fact.type, fact.session_id, fact.position) == ("turn", "alice-s0", 2)
     assert fact.record["user_id"] == "alice" and fact.record["hash"] and fact.record["metadata"]["type"] == "turn"
 

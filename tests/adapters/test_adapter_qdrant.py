@@ -210,7 +210,7 @@ class TestQdrantAsyncLocal(StoreConformance):
 def _synthetic(n_users: int = 3, sessions: int = 6, turns: int = 8, dim: int = 48, seed: int = 7):
     rng = np.random.default_rng(seed)
     facts, vectors = [], []
-    start = datetime(2025, 1, 1)
+    start = datetime(2025, 1, 1, tzinfo=UTC)  # aware: a naive payload date would come back as UTC
     for u in range(n_users):
         for s in range(sessions):
             for p in range(turns):
@@ -669,3 +669,193 @@ def test_the_plugin_module_imports_no_framework():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+# ====================================================================== tenant integrity on a shared collection
+
+BOB = Scope(user_id="bob")
+HASH_DIM = 128
+
+
+def _hashing_store(client, name: str = "facts") -> QdrantStore:
+    """A pgr collection embedded by words (HashingEmbedder): predictable neighbours, no model to load."""
+    return QdrantStore.create_collection(client, name, HASH_DIM, embedder=HashingEmbedder(HASH_DIM))
+
+
+def _raw_point(store: QdrantStore, point_id, text: str, **payload) -> qm.PointStruct:
+    """A point as another writer left it: text under ``text``, whatever else it was given."""
+    vector = store.embedder.embed([text])[0].tolist()
+    return qm.PointStruct(id=point_id, vector=vector, payload={"text": text, **payload})
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_one_fact_id_written_by_two_tenants_is_refused_and_the_first_kept(kind):
+    from pgr_core import InvalidArgumentError
+
+    client = QdrantClient(":memory:") if kind == "sync" else AsyncQdrantClient(":memory:")
+    store = _hashing_store(client)
+    snapshot_client = client if kind == "sync" else None
+    alice_fact = Fact(id="note-1", text="alice's knee physio on Mondays", scope=ALICE)
+    store.upsert_facts([alice_fact])
+
+    def points():
+        if snapshot_client is not None:
+            return _snapshot(snapshot_client, "facts")
+        records, _ = asyncio.run(client.scroll("facts", limit=100, with_payload=True, with_vectors=True))
+        return [(str(r.id), json.dumps(r.payload, sort_keys=True), json.dumps(r.vector)) for r in records]
+
+    before = points()
+    bobs = [
+        Fact(id="note-2", text="bob's first note", scope=BOB),
+        Fact(id="note-1", text="bob's marathon plan", scope=BOB),
+    ]
+    write = store.upsert_facts if kind == "sync" else (lambda facts: asyncio.run(store.aupsert_facts(facts)))
+    with pytest.raises(InvalidArgumentError, match=r"'note-1' is held by another owner") as refused:
+        write(bobs)
+    assert "alice" not in str(refused.value)  # the refusal does not name who holds it
+    assert points() == before  # alice's point untouched, and nothing of bob's batch written
+    hits = store.search_batch(["knee physio"], scope=ALICE, params=SearchParams(top_k=3, min_score=0.0))[0]
+    assert [(h.fact.id, h.fact.text) for h in hits] == [("note-1", alice_fact.text)]
+    assert store.search_batch(["marathon plan"], scope=BOB, params=SearchParams(top_k=3, min_score=0.0)) == [[]]
+    # bob with ids of his own is fine, and alice may still replace her own point
+    assert write([Fact(id="bob-1", text="bob's marathon plan", scope=BOB)]) == ["bob-1"]
+    write([Fact(id="note-1", text="alice's knee is fine now", scope=ALICE)])
+    hits = store.search_batch(["knee"], scope=ALICE, params=SearchParams(top_k=3, min_score=0.0))[0]
+    assert [(h.fact.id, h.fact.text) for h in hits] == [("note-1", "alice's knee is fine now")]
+
+
+def test_one_id_for_two_owners_in_one_batch_is_refused():
+    from pgr_core import InvalidArgumentError
+
+    store = _hashing_store(QdrantClient(":memory:"))
+    with pytest.raises(InvalidArgumentError, match="different owners"):
+        store.upsert_facts([Fact(id="x", text="alice's", scope=ALICE), Fact(id="x", text="bob's", scope=BOB)])
+    assert store.client.count("facts").count == 0
+    # a narrower scope of the same user is another owner too: its point is not the user's to replace
+    store.upsert_facts([Fact(id="r", text="run note", scope=Scope(user_id="alice", run_id="r1"))])
+    with pytest.raises(InvalidArgumentError, match="another owner"):
+        store.upsert_facts([Fact(id="r", text="user note", scope=ALICE)])
+
+
+def test_a_write_racing_another_owner_for_an_id_skips_that_point(monkeypatch):
+    """Between the check and the write another user may take the id: Qdrant's update_filter keeps
+    their point (here the check is skipped, as if the race had been lost)."""
+    client = QdrantClient(":memory:")
+    store = _hashing_store(client)
+    store.upsert_facts([Fact(id="note-1", text="alice's knee physio", scope=ALICE)])
+    before = _snapshot(client, "facts")
+    monkeypatch.setattr(store, "_check_owners", lambda batch, held: None)
+    store.upsert_facts([Fact(id="note-1", text="bob's marathon plan", scope=BOB)])
+    assert _snapshot(client, "facts") == before
+
+
+def test_an_owner_replaces_its_own_point_of_a_wrapped_collection_and_no_other():
+    from pgr_core import InvalidArgumentError
+
+    client = QdrantClient(":memory:")
+    client.create_collection("memories", vectors_config=qm.VectorParams(size=HASH_DIM, distance=qm.Distance.COSINE))
+    embedder = HashingEmbedder(HASH_DIM)
+    ids = [str(uuid.UUID(int=i + 1)) for i in range(3)]
+    owners = ["alice", "alice", "bob"]
+    texts = ["sold the car, takes the bus", "knee physio on Mondays", "runs marathons"]
+    client.upsert(
+        "memories",
+        points=[
+            qm.PointStruct(id=i, vector=v.tolist(), payload={"data": t, "user_id": o})
+            for i, o, t, v in zip(ids, owners, texts, embedder.embed(texts), strict=True)
+        ],
+    )
+    store = QdrantStore(client, "memories", embedder=embedder)
+    store.upsert_facts([Fact(id=ids[1], text="knee physio on Thursdays now", scope=ALICE)])
+    with pytest.raises(InvalidArgumentError, match="another owner"):
+        store.upsert_facts([Fact(id=ids[2], text="alice takes over bob's memory", scope=ALICE)])
+    records = {str(r.id): r.payload for r in client.scroll("memories", limit=10)[0]}
+    assert sorted(records) == sorted(ids)  # the collection's own points keep their ids
+    assert records[ids[1]]["data"] == "knee physio on Thursdays now" and records[ids[1]]["user_id"] == "alice"
+    assert records[ids[2]] == {"data": "runs marathons", "user_id": "bob"}
+    assert records[ids[0]] == {"data": texts[0], "user_id": "alice"}
+
+
+def _shared_collection(client) -> QdrantStore:
+    """alice's and bob's facts, and points other writers left with owners pgr cannot read plainly."""
+    store = _hashing_store(client)
+    store.upsert_facts(
+        [
+            Fact(id="a-knee", text="my knee physio says no soccer until July", scope=ALICE, session_id="s", position=0),
+            Fact(id="a-bus", text="I sold the car and take the bus", scope=ALICE, session_id="s", position=2),
+            Fact(id="b-soccer", text="bob plays soccer in a summer league", scope=BOB),
+        ]
+    )
+    odd = [
+        _raw_point(store, 101, "soccer league this summer knee", user_id=["alice", "bob"]),  # both: nobody's
+        _raw_point(store, 102, "soccer league summer knee physio", user_id="alice", run_id=["r1", "r2"]),
+        _raw_point(store, 103, "soccer league summer shoes", user_id=5),
+        _raw_point(store, 104, "a turn between two of alice's", user_id=["alice"], session_id="s", position=1),
+    ]
+    if isinstance(client, QdrantClient):
+        client.upsert("facts", points=odd)
+    else:
+        asyncio.run(client.upsert("facts", points=odd))
+    return store
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_list_owner_point_is_dropped_counted_and_the_rest_returned(kind):
+    client = QdrantClient(":memory:") if kind == "sync" else AsyncQdrantClient(":memory:")
+    store = _shared_collection(client)
+    params = SearchParams(top_k=3, min_score=0.0, window=1)  # alice's top 3: 101, 102, a-knee
+    search = (
+        store.search_batch if kind == "sync" else lambda probes, **kw: asyncio.run(store.asearch_batch(probes, **kw))
+    )
+    hits = search(["soccer league this summer knee"], scope=ALICE, params=params)[0]
+    assert [h.fact.id for h in hits] == ["a-knee"]  # 101, 102 dropped; its list-owned neighbour 104 too
+    assert store.out_of_scope_dropped == 3
+    hits = search(["soccer league this summer knee"], scope=BOB, params=params)[0]
+    assert [h.fact.id for h in hits] == ["b-soccer"]
+    assert store.out_of_scope_dropped == 4  # 101 again
+    for scope, mine in ((ALICE, {"a-knee", "a-bus"}), (BOB, {"b-soccer"})):
+        result = PGR(store, strategy="facet", min_score=0.0).retrieve("Should I join a soccer league?", scope=scope)
+        assert not result.degraded and result.trace.stop_reason != "store_error"
+        assert result.facts and {f.fact.id for f in result.facts} <= mine
+
+
+def test_mixed_naive_and_aware_payload_dates_answer_either_kind_of_query_date():
+    from pgr_core.testing import ScriptedLLM
+
+    client = QdrantClient(":memory:")
+    store = _hashing_store(client)
+    pacific = timezone(timedelta(hours=-8))
+    client.upsert(
+        "facts",
+        points=[
+            _raw_point(store, 1, "my knee physio says no soccer", user_id="alice", created_at="2025-03-01T09:30:00"),
+            _raw_point(store, 2, "soccer league starts in June", user_id="alice",
+                       created_at=datetime(2025, 3, 2, 9, 30, tzinfo=pacific).isoformat()),
+            _raw_point(store, 3, "knee brace for soccer", user_id="alice", date="2025-03-03"),
+            _raw_point(store, 4, "summer soccer league fees", user_id="alice", created_at="2025-03-04T10:00:00Z"),
+        ],
+    )  # fmt: skip
+
+    def llm():
+        rounds = iter([["knee physio"], ["soccer league fees"], []] * 3)
+
+        def handler(messages, schema):
+            props = (schema or {}).get("properties", {})
+            if "intent" in props:
+                return {"intent": "decide whether to join a summer soccer league"}
+            if "steps" in props:
+                return {"steps": [{"action": t, "dimension": "health"} for t in next(rounds)]}
+            return {"summary": "the knee and the league"}
+
+        return ScriptedLLM(handler=handler)
+
+    query = "Should I join a soccer league this summer?"
+    for date in ("2025-05-01", datetime(2025, 5, 1), datetime(2025, 5, 1, tzinfo=UTC), "2025-05-01T09:00+09:00"):
+        for pgr in (PGR(store, strategy="facet", min_score=0.0), PGR(store, llm=llm(), strategy="cot", min_score=0.0)):
+            result = pgr.retrieve(query, scope=ALICE, date=date)
+            assert not result.degraded and not result.trace.errors, (date, result.trace.errors)
+            assert {f.fact.id for f in result.facts} == {"1", "2", "3", "4"}
+            dates = {f.fact.id: f.fact.date for f in result.facts}
+            assert dates["1"] == datetime(2025, 3, 1, 9, 30, tzinfo=UTC)  # naive in the payload: UTC
+            assert dates["2"].utcoffset() == timedelta(hours=-8)  # aware: its own offset kept
+            assert dates["3"] == datetime(2025, 3, 3, tzinfo=UTC)
