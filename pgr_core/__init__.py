@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from .edge import EdgeStore
 from .embedders import Embedder, HashingEmbedder, MiniLMEmbedder, default_embedder
 from .errors import (
     ConfigurationError,
@@ -40,6 +41,7 @@ __all__ = [
     "ConfigurationError",
     "DIMENSIONS",
     "DroppedProbe",
+    "EdgeStore",
     "Embedder",
     "FacetProspector",
     "Fact",
