@@ -217,10 +217,12 @@ def test_the_store_tells_listeners_which_scopes_changed() -> None:
     heard: list[frozenset[Scope]] = []
     store.add_listener(heard.append)
     store.add("new fact", scope=U2, id="x")
-    store.add("re-owned fact", scope=U1, id="x")  # replacing an id moves it: both owners hear of it
+    store.add("new wording", scope=U2, id="x")  # the owner replacing its own fact
+    with pytest.raises(InvalidArgumentError, match="another owner"):
+        store.add("re-owned fact", scope=U1, id="x")  # ids are unique per owner: refused, nothing said
     store.delete(["s1:0", "nope"])
     store.delete(["nope"])  # nothing removed, nothing said
-    assert heard == [frozenset({U2}), frozenset({U1, U2}), frozenset({U1})]
+    assert heard == [frozenset({U2}), frozenset({U2}), frozenset({U1})]
     store.remove_listener(heard.append)
     store.add("unheard", scope=U1)
     assert len(heard) == 3

@@ -1,8 +1,8 @@
 """Tenant safety and memories as data.
 
 - Scope is mandatory on every store call; a store that cannot enforce it is refused, not searched.
-- The embedded store's per-scope row cache is keyed by the whole scope and dropped on every write and
-  deletion (a stale cache would hand one user's rows to another after rows shift).
+- The embedded store's per-scope owner cache is keyed by the whole scope and dropped on every new owner
+  and deletion; a fact id is unique per owner (another owner's id is refused, never replaced).
 - 50 users' memories, PGR run for each concurrently (asyncio.gather and threads): no user's fact,
   secret, probe or prompt reaches another's result or trace.
 - A fact that reads like an instruction is quoted and delimited in every prompt; obeying it cannot
@@ -28,6 +28,7 @@ from pgr_core import (
     Fact,
     HashingEmbedder,
     InMemoryStore,
+    InvalidArgumentError,
     RetrievalResult,
     Scope,
     ScopeError,
@@ -85,7 +86,7 @@ def test_deleting_a_fact_drops_every_scopes_cached_rows() -> None:
     store.add_facts(_facts((U1, "knee physio"), (U2, "knee surgery"), (U2, "knee brace"), (U1, "knee injury in March")))
     params = SearchParams(top_k=10, min_score=0.0)
     assert {h.fact.id for h in store.search_batch(["knee"], scope=U2, params=params)[0]} == {"f1", "f2"}
-    assert U2 in store._scope_cache  # U2's rows are cached: rows 1 and 2
+    assert U2 in store._scope_cache  # the owners U2 may see are cached
     assert store.delete(["f0"]) == 1  # rows shift down by one: stale rows 1, 2 would be f2 and U1's f3
     assert store._scope_cache == {}
     after = PGR(store).query_only("knee", scope=U2)
@@ -93,13 +94,14 @@ def test_deleting_a_fact_drops_every_scopes_cached_rows() -> None:
     assert set(PGR(store).query_only("knee", scope=U1).ids) == {"f3"}  # f0 is gone for its owner too
 
 
-def test_replacing_an_id_with_another_owner_moves_it_out_of_the_old_scope() -> None:
+def test_another_owners_id_is_refused_and_the_first_owners_fact_kept() -> None:
     store = InMemoryStore(embedder=HashingEmbedder())
     store.add_facts(_facts((U1, "my locker code is 1111"), (U1, "knee physio")))
     assert "f0" in PGR(store).query_only("locker code", scope=U1).ids
-    store.add_facts([Fact(id="f0", text="my locker code is 2222", scope=U2)])
-    assert "f0" not in PGR(store).query_only("locker code", scope=U1).ids
-    assert PGR(store).query_only("locker code", scope=U2).facts[0].text == "my locker code is 2222"
+    with pytest.raises(InvalidArgumentError, match="'f0' belongs to another owner"):
+        store.add_facts([Fact(id="f0", text="my locker code is 2222", scope=U2)])
+    assert PGR(store).query_only("locker code", scope=U1).facts[0].text == "my locker code is 1111"
+    assert PGR(store).query_only("locker code", scope=U2).ids == []
 
 
 def test_the_scope_cache_is_bounded() -> None:
