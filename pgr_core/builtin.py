@@ -1,16 +1,81 @@
-"""The built-in plugin: the embedded store, the OpenAI-compatible LLM and the two embedders."""
+"""The built-in plugin: the embedded stores, the OpenAI-compatible LLM and the two embedders.
+
+A store path names one of two embedded stores (:func:`open_store`): a directory is an
+:class:`~pgr_core.edge.EdgeStore` (Qdrant's engine in-process, durable on every write; what the CLI
+creates), a ``.pgr`` file an :class:`~pgr_core.memory.InMemoryStore` saved whole (tests, throwaway
+use; ``pgr store import`` moves one into a directory store).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from .errors import ConfigurationError
 from .hookspecs import Register, hookimpl
+
+
+def is_file_store(path: str | Path) -> bool:
+    """True when ``path`` names an InMemoryStore file (a ``.pgr`` suffix, or an existing file)."""
+    path = Path(path)
+    return path.suffix == ".pgr" or path.is_file()
+
+
+def open_store(
+    path: str | Path, embedder: Any = None, *, create: bool = False, lock_timeout_s: float | None = 30.0
+) -> Any:
+    """The embedded store at ``path``: an EdgeStore directory, or an InMemoryStore ``.pgr`` file.
+
+    ``create``: make a new, empty store when there is none (else a ConfigurationError says how to
+    build one). An EdgeStore is this process's own until it is closed; another process waits up to
+    ``lock_timeout_s`` for it.
+    """
+    path = Path(path)
+    if is_file_store(path):
+        from .memory import InMemoryStore
+
+        if path.exists():
+            return InMemoryStore.load(path, embedder=embedder)
+        if not create:
+            raise ConfigurationError(f"no store file at {path}; build one with `pgr ingest ... --out {path}`")
+        return InMemoryStore(embedder=embedder)
+    if not path.exists() and not create:
+        raise ConfigurationError(
+            f"no store at {path}; build one with `pgr ingest ... --out {path}` or `pgr demo --save-store {path}`"
+        )
+    from .edge import EdgeStore
+
+    return EdgeStore.open(path, embedder=embedder, create=create, lock_timeout_s=lock_timeout_s)
+
+
+def save_copy(store: Any, path: str | Path) -> Path:
+    """Write every fact of the InMemoryStore ``store`` (with its vectors) to a store at ``path``: a
+    ``.pgr`` file, or a new EdgeStore directory (closed again when written)."""
+    path = Path(path)
+    if is_file_store(path):
+        return Path(store.save(path))
+    target = open_store(path, store.embedder, create=True)
+    try:
+        by_owner: dict[Any, list[Any]] = {}
+        for fact in store.facts:
+            by_owner.setdefault(fact.scope, []).append(fact)
+        for owner, facts in by_owner.items():  # each owner's facts with the vectors already computed
+            target.add_facts(facts, vectors=store.vectors_for([f.id for f in facts], scope=owner))
+    finally:
+        target.close()
+    return path
 
 
 def _memory_store(path: str | None = None, embedder: Any = None) -> Any:
     from .memory import InMemoryStore
 
     return InMemoryStore.load(path, embedder=embedder) if path else InMemoryStore(embedder=embedder)
+
+
+def _edge_store(path: str, embedder: Any = None, **options: Any) -> Any:
+    from .edge import EdgeStore
+
+    return EdgeStore.open(path, embedder=embedder, **options)
 
 
 def _openai_llm(**options: Any) -> Any:
@@ -34,6 +99,7 @@ def _hashing(**options: Any) -> Any:
 @hookimpl
 def register_stores(register: Register) -> None:
     register("memory", _memory_store)
+    register("edge", _edge_store)
 
 
 @hookimpl

@@ -151,7 +151,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     store = demo.build_store(embedder)
     _say(f"  {len(store)} facts in {time.perf_counter() - t0:.1f}s")
     if args.save_store:
-        _say(f"  store saved to {store.save(args.save_store)}")
+        from .builtin import save_copy
+
+        _say(f"  store saved to {save_copy(store, args.save_store)}")
     pgr = _pgr(store, llm, args, no_llm_strategy="facet")
     items = demo.run_demo(pgr, progress=lambda m: _say(f"running {m}"))
     page = write_trace_page(args.html, [i.page_item() for i in items], title="pgr demo: query-only vs PGR")
@@ -175,13 +177,47 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_retrieve(args: argparse.Namespace) -> int:
-    from .memory import InMemoryStore
-    from .types import Scope
+    from .builtin import open_store
 
     llm = _llm(args)
     if llm is None:
         _say(NO_LLM_NOTE)
-    store = InMemoryStore.load(args.store, embedder=_embedder(args.embedder))
+    store = open_store(args.store, _embedder(args.embedder), lock_timeout_s=args.lock_timeout)
+    try:
+        return _retrieve(args, store, llm)
+    finally:
+        close = getattr(store, "close", None)
+        if callable(close):
+            close()
+
+
+def cmd_store_import(args: argparse.Namespace) -> int:
+    """Copy an InMemoryStore ``.pgr`` file (facts and vectors) into a new directory store."""
+    from .builtin import is_file_store
+    from .edge import EdgeStore
+
+    if not is_file_store(args.source) or not args.source.exists():
+        raise InvalidArgumentError(f"{args.source} is not a .pgr store file")
+    if is_file_store(args.out) or (args.out.exists() and any(args.out.iterdir())):
+        raise InvalidArgumentError(f"--out {args.out} must be a new (or empty) directory")
+    store = EdgeStore.import_pgr(args.source, args.out, embedder=_embedder(args.embedder))
+    try:
+        n = len(store)
+    finally:
+        store.close()
+    for suffix in (".ledger.jsonl", ".journal.jsonl"):
+        old = args.source.with_name(args.source.name + suffix)
+        if old.exists():
+            _say(f"note: {old} was not imported (a ledger of the old file); a re-ingest into {args.out} "
+                 "re-checks each session and rewrites nothing that is already there")
+    print(f"imported {n} facts from {args.source} into {args.out}")
+    print(f'search it: pgr retrieve --store {args.out} --user USER "..."')
+    return 0
+
+
+def _retrieve(args: argparse.Namespace, store: Any, llm: LLM | None) -> int:
+    from .types import Scope
+
     scope = Scope(user_id=args.user, agent_id=args.agent, run_id=args.run)
     pgr = _pgr(store, llm, args)
     result: RetrievalResult = (
@@ -428,12 +464,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="query-only vs PGR on a bundled history, offline")
     _common(demo)
     demo.add_argument("--html", type=Path, default=Path("pgr-demo-trace.html"), help="where to write the trace page")
-    demo.add_argument("--save-store", type=Path, default=None, help="also save the demo store to this file")
+    demo.add_argument(
+        "--save-store", type=Path, default=None, help="also save the demo store: a directory (or a .pgr file)"
+    )
     demo.set_defaults(func=cmd_demo)
 
     ret = sub.add_parser("retrieve", help="run one query against a store file")
     ret.add_argument("query")
-    ret.add_argument("--store", type=Path, required=True, help="a .pgr file (e.g. from `pgr demo --save-store`)")
+    ret.add_argument(
+        "--store",
+        type=Path,
+        required=True,
+        help="a store directory or .pgr file (from `pgr ingest --out` or `pgr demo --save-store`)",
+    )
+    ret.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for a process writing the store")
     ret.add_argument("--user", default=None)
     ret.add_argument("--agent", default=None)
     ret.add_argument("--run", default=None)
@@ -511,6 +555,14 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_write import register as register_write_side  # ingest, consolidate, guideline
 
     register_write_side(sub)
+
+    st = sub.add_parser("store", help="manage embedded stores")
+    st_sub = st.add_subparsers(dest="store_command", required=True)
+    imp = st_sub.add_parser("import", help="copy an InMemoryStore .pgr file into a new directory store")
+    imp.add_argument("source", type=Path, help="the .pgr file")
+    imp.add_argument("--out", type=Path, required=True, help="the new store directory")
+    imp.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
+    imp.set_defaults(func=cmd_store_import)
 
     plug = sub.add_parser("plugins", help="list plugins and what they register")
     plug.set_defaults(func=cmd_plugins)

@@ -45,35 +45,57 @@ def _llm(args: argparse.Namespace, *, required: str | None = None) -> LLM | None
     return llm
 
 
-def _store(path: Path, embedder_name: str, *, create: bool) -> Any:
+def _store(path: Path, embedder_name: str, *, create: bool, lock_timeout: float | None = 30.0) -> Any:
+    from .builtin import open_store
     from .cli import _embedder
-    from .memory import InMemoryStore
 
-    embedder = _embedder(embedder_name)
-    if path.exists():
-        return InMemoryStore.load(path, embedder=embedder)
-    if not create:
-        raise ConfigurationError(f"no store file at {path}; build one with `pgr ingest ... --out {path}`")
-    return InMemoryStore(embedder=embedder)
+    return open_store(path, _embedder(embedder_name), create=create, lock_timeout_s=lock_timeout)
+
+
+def users_of(store: Any) -> list[str]:
+    """The user ids that own facts in an embedded store, sorted."""
+    owners = store.scopes() if callable(getattr(store, "scopes", None)) else {f.scope for f in store.facts}
+    return sorted({s.user_id for s in owners if s.user_id})
+
+
+def _durable(store: Any) -> bool:
+    """True for a store whose every write is durable when it returns (a directory store): it needs no
+    checkpoint, and the ledger may follow each write at once."""
+    return not hasattr(store, "save")
+
+
+def _checkpoint(store: Any, out: Path) -> Any:
+    return None if _durable(store) else (lambda: store.save(out))
 
 
 def _beside(path: Path, suffix: str) -> Path:
-    return path.with_name(path.name + suffix)
+    """A file kept with the store: ``<file><suffix>`` beside a store file, ``<dir>/<suffix>`` (no
+    leading dot) inside a directory store."""
+    from .builtin import is_file_store
+
+    return path.with_name(path.name + suffix) if is_file_store(path) else path / suffix.lstrip(".")
 
 
 def _ledger_path(out: Path) -> Path:
+    from .builtin import is_file_store
     from .write.ledger import ledger_path_for
 
-    return ledger_path_for(out, directory=out.is_dir())
+    return ledger_path_for(out, directory=not is_file_store(out))
 
 
 def _lock(out: Path, args: argparse.Namespace, what: str) -> Any:
-    """The store's lock, held for the whole command (a second writer waits, then is told who holds it)."""
+    """The store's lock, held for the whole command (a second writer waits, then is told who holds it).
+    A directory store takes its own lock when it is opened and holds it until it is closed."""
+    import contextlib
+
     from ._filelock import StoreLock
+    from .builtin import is_file_store
 
     timeout = args.lock_timeout
     if timeout is not None and timeout < 0:
         raise InvalidArgumentError(f"--lock-timeout must be >= 0 seconds, got {timeout:g}")
+    if not is_file_store(out):
+        return contextlib.nullcontext()
     return StoreLock(out, timeout_s=timeout, what=what)
 
 
@@ -92,7 +114,7 @@ def _consolidator(store: Any, llm: LLM | None, out: Path, args: argparse.Namespa
         threshold=args.threshold,
         window_days=args.window_days,
         journal=Journal(_beside(out, ".journal.jsonl")),
-        checkpoint=lambda: store.save(out),
+        checkpoint=_checkpoint(store, out),
     )
 
 
@@ -117,10 +139,19 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _ingest_locked(args: argparse.Namespace, users: list[Any], llm: LLM | None, out: Path) -> int:
+    store = _store(out, args.embedder, create=True, lock_timeout=args.lock_timeout)
+    try:
+        return _ingest_opened(args, users, llm, out, store)
+    finally:
+        close = getattr(store, "close", None)
+        if callable(close):
+            close()
+
+
+def _ingest_opened(args: argparse.Namespace, users: list[Any], llm: LLM | None, out: Path, store: Any) -> int:
     from .write import Journal
     from .write.ledger import open_ledger
 
-    store = _store(out, args.embedder, create=True)
     consolidator = None
     if llm is not None and args.consolidate_every > 0:
         consolidator = _consolidator(store, llm, out, args)
@@ -146,7 +177,7 @@ def _ingest_run(
         speakers=[s for s in (args.speakers or "").split(",") if s] or None,
         consolidate_every=args.consolidate_every if args.consolidate_every > 0 else None,
         consolidator=consolidator,
-        checkpoint=lambda: store.save(out),
+        checkpoint=_checkpoint(store, out),
         checkpoint_every=args.checkpoint_every,
         redo_raw=args.redo_raw,
         progress=not args.no_progress,
@@ -154,7 +185,8 @@ def _ingest_run(
     sessions = sum(len(u.sessions) for u in users)
     _say(f"{args.source}: {len(users)} user(s), {sessions} sessions, mode {ingestor.mode}, into {out}")
     report = ingestor.ingest_users(users)
-    store.save(out)
+    if not _durable(store):
+        store.save(out)
     summary = report.to_dict() | {"store": str(out), "facts_in_store": len(store)}
     if args.json:
         print(json.dumps(summary))
@@ -181,9 +213,18 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
 
 
 def _consolidate_locked(args: argparse.Namespace, out: Path) -> int:
+    store = _store(out, args.embedder, create=False, lock_timeout=args.lock_timeout)
+    try:
+        return _consolidate_opened(args, out, store)
+    finally:
+        close = getattr(store, "close", None)
+        if callable(close):
+            close()
+
+
+def _consolidate_opened(args: argparse.Namespace, out: Path, store: Any) -> int:
     from .write.ledger import open_ledger
 
-    store = _store(out, args.embedder, create=False)
     llm = _llm(args)
     if llm is None:
         _say("no LLM configured: merged facts keep the most repeated (then latest) wording of their cluster")
@@ -191,7 +232,7 @@ def _consolidate_locked(args: argparse.Namespace, out: Path) -> int:
     consolidator.include_turns = args.include_turns
     if consolidator.recovered:
         _say(f"recovered {consolidator.recovered} interrupted swap(s)")
-    users = args.user or sorted({f.scope.user_id for f in store.facts if f.scope.user_id})
+    users = args.user or users_of(store)
     ledger_path = _ledger_path(out)
     ledger = open_ledger(ledger_path) if ledger_path.exists() else None
     try:
@@ -217,7 +258,8 @@ def _consolidate_users(
                 f"{user}: {report.facts_before} -> {report.facts_after} facts, {report.merged}/{report.clusters} "
                 f"cluster(s) merged" + (f", {len(report.failed)} left (LLM failed)" if report.failed else "")
             )
-    store.save(out)
+    if not _durable(store):
+        store.save(out)
     if args.json:
         print(json.dumps({"store": str(out), "users": reports}))
     return 0

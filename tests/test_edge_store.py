@@ -435,7 +435,8 @@ def test_hybrid_finds_an_exact_keyword_match_that_dense_ranks_low(tmp_path: Path
         hy.add_facts(facts, vectors=vectors)
         assert "cat" not in [h.fact.id for h in _search(dense, probe, ALICE, top_k=3, min_score=0.0)]
         hits = _search(hy, probe, ALICE, top_k=3, min_score=0.3)  # τ filters the dense side only
-        assert hits[0].fact.id == "cat"
+        # BM25's best and dense's best tie under RRF (1/61 each): the keyword match is in, at the top two
+        assert "cat" in [h.fact.id for h in hits[:2]]
         assert all(0 < h.score < 0.1 for h in hits)  # RRF scores, not cosines
         assert hy.capabilities.cosine_scores is False and dense.capabilities.cosine_scores is True
         assert type(hy).capabilities.cosine_scores is True  # the class default is untouched

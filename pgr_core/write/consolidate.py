@@ -28,7 +28,6 @@ deleting originals already gone deletes nothing. No fact is lost and none is dup
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -41,7 +40,7 @@ import numpy as np
 
 from .._dates import parse_date
 from ..embedders import Embedder
-from ..errors import ConfigurationError, InvalidArgumentError, LLMError, LLMOutputError, PGRError, StoreError
+from ..errors import InvalidArgumentError, LLMError, LLMOutputError, PGRError
 from ..llm import LLM, parse_json
 from ..prompts import render
 from ..types import Fact, Scope
@@ -176,36 +175,13 @@ class Journal:
 
 
 def listed_facts(writer: FactWriter, scope: Scope) -> list[Fact]:
-    """Every fact ``scope`` sees: the store's ``facts_for(scope)``, else its ``facts`` listing."""
-    facts_for = getattr(writer.store, "facts_for", None)
-    if callable(facts_for):
-        return [f for f in facts_for(scope) if scope.allows(f.scope)]
+    """Every fact ``scope`` sees (:meth:`FactWriter.facts_of`)."""
     return writer.facts_of(scope)
 
 
-def _takes_scope(method: Any) -> bool:
-    try:
-        params = inspect.signature(method).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "scope" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-
-
 def remove_owned(writer: FactWriter, ids: Iterable[str], scope: Scope) -> int:
-    """Delete the facts ``ids`` of the owner ``scope`` (``delete(ids, scope=scope)`` where the store
-    takes a scope, so an id never reaches a fact ``scope`` may not see); returns how many went."""
-    wanted = list(dict.fromkeys(ids))
-    if not wanted:
-        return 0
-    delete = getattr(writer.store, "delete", None)
-    if not callable(delete):
-        raise ConfigurationError(f"{writer.name} has no delete(ids): facts cannot be removed from it")
-    try:
-        return int((delete(wanted, scope=scope) if _takes_scope(delete) else delete(wanted)) or 0)
-    except PGRError:
-        raise
-    except Exception as exc:
-        raise StoreError(f"{writer.name} failed to delete {len(wanted)} fact(s): {exc}") from exc
+    """Delete the facts ``ids`` of the owner ``scope`` (:meth:`FactWriter.remove`)."""
+    return writer.remove(ids, scope=scope)
 
 
 def _remove_originals(writer: FactWriter, merged: Fact, originals: Sequence[Fact]) -> None:

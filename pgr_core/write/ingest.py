@@ -388,7 +388,7 @@ class Ingestor:
         if index is not None:
             return index
         index = {}
-        store_lists = self.writer.can_list or callable(getattr(self.store, "facts_for", None))
+        store_lists = self.writer.can_list
         for fact in listed_facts(self.writer, scope) if store_lists else ():
             if fact.scope != scope:
                 continue

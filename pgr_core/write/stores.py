@@ -9,6 +9,7 @@ replace a fact in place). :class:`FactWriter` says which of these a store has an
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -17,7 +18,7 @@ import numpy as np
 
 from .._dates import parse_date
 from ..embedders import Embedder
-from ..errors import ConfigurationError, StoreError
+from ..errors import ConfigurationError, InvalidArgumentError, StoreError
 from ..types import Fact, Scope
 
 __all__ = ["FactWriter", "WritableStore", "fact_from_dict", "latest_date", "writer_for"]
@@ -35,8 +36,11 @@ class FactWriter:
     """The write operations of one store, found by duck typing, with clear errors for missing ones.
 
     - ``put(facts)``: ``add_facts`` or ``upsert_facts``.
-    - ``remove(ids)``: ``delete(ids)``.
-    - ``facts_of(scope)``: every fact ``scope`` sees (from the store's ``facts`` listing).
+    - ``remove(ids, scope=)``: ``delete(ids, scope=scope)`` (a store whose ``delete`` takes no scope
+      gets only ids that ``scope``'s listing holds, so an id never reaches another owner's fact).
+    - ``get(id, scope=)``: the store's ``get``, never a fact outside ``scope``.
+    - ``facts_of(scope)``: every fact ``scope`` sees (the store's ``facts_for(scope)``, else its
+      ``facts`` listing, filtered).
     - ``keeps_ids``: a fact written with id X can be found and replaced as X (False for mem0).
     """
 
@@ -74,7 +78,7 @@ class FactWriter:
 
     @property
     def can_list(self) -> bool:
-        return hasattr(self.store, "facts")
+        return callable(getattr(self.store, "facts_for", None)) or hasattr(self.store, "facts")
 
     def require_rewrite(self, what: str) -> None:
         """Raise unless the store can list, replace and delete facts by id (``what`` needs it)."""
@@ -93,23 +97,37 @@ class FactWriter:
                 f"{', '.join(missing)}. Consolidate in an InMemoryStore, or in the framework's own tools"
             )
 
-    def remove(self, ids: Iterable[str]) -> int:
+    def remove(self, ids: Iterable[str], *, scope: Scope) -> int:
+        """Delete the facts ``ids`` that ``scope`` sees; returns how many went."""
         wanted = list(dict.fromkeys(ids))
         if not wanted:
             return 0
         if not self.can_remove:
             raise ConfigurationError(f"{self.name} has no delete(ids): facts cannot be removed from it")
+        delete = self.store.delete
         try:
-            return int(self.store.delete(wanted) or 0)
+            if _takes_scope(delete):
+                return int(delete(wanted, scope=scope) or 0)
+            mine = {f.id for f in self.facts_of(scope)}
+            wanted = [i for i in wanted if i in mine]
+            return int(delete(wanted) or 0) if wanted else 0
+        except (StoreError, ConfigurationError, InvalidArgumentError):
+            raise
         except Exception as exc:
             raise StoreError(f"{self.name} failed to delete {len(wanted)} fact(s): {exc}") from exc
 
-    def get(self, fact_id: str) -> Fact | None:
+    def get(self, fact_id: str, *, scope: Scope) -> Fact | None:
         getter = getattr(self.store, "get", None)
-        return getter(fact_id) if callable(getter) else None
+        if not callable(getter):
+            return None
+        fact = getter(fact_id, scope=scope) if _takes_scope(getter) else getter(fact_id)
+        return fact if isinstance(fact, Fact) and scope.allows(fact.scope) else None
 
     def facts_of(self, scope: Scope) -> list[Fact]:
-        if not self.can_list:
+        facts_for = getattr(self.store, "facts_for", None)
+        if callable(facts_for):
+            return [f for f in facts_for(scope) if scope.allows(f.scope)]
+        if not hasattr(self.store, "facts"):
             raise ConfigurationError(f"{self.name} cannot list its facts")
         return [f for f in self.store.facts if scope.allows(f.scope)]
 
@@ -118,6 +136,14 @@ class FactWriter:
         if model is None:
             raise ConfigurationError(f"{self.name} has no embedder: pass embedder=... to compare facts")
         return model.embed(list(texts)) if texts else np.zeros((0, model.dim), np.float32)
+
+
+def _takes_scope(method: Any) -> bool:
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "scope" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def writer_for(store: Any) -> FactWriter:
