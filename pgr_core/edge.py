@@ -847,9 +847,11 @@ class EdgeStore(Store):
             )
         store = cls(target, embedder=source.embedder, create=True, hybrid=hybrid, lock_timeout_s=lock_timeout_s)
         try:
-            facts = source.facts
-            if facts:
-                store.add_facts(facts, vectors=source.vectors_for([f.id for f in facts]))
+            by_owner: dict[Scope, list[Fact]] = {}
+            for fact in source.facts:
+                by_owner.setdefault(fact.scope, []).append(fact)
+            for owner, facts in by_owner.items():
+                store.add_facts(facts, vectors=source.vectors_for([f.id for f in facts], scope=owner))
         except BaseException:
             store.close()
             raise

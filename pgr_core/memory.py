@@ -13,8 +13,8 @@ row (a replacement, a deletion) builds fresh arrays for that owner only (copy-on
 search never sees a half-written or replaced row.
 
 Ids are unique per owner: re-adding an id replaces the owner's fact; an id another owner holds is
-refused. ``get``, ``delete`` and ``vectors_for`` take ``scope=``; callers should pass it (a later
-release makes it required).
+refused. ``get``, ``delete`` and ``vectors_for`` require ``scope=``: a caller only ever reaches the
+facts its scope allows.
 """
 
 from __future__ import annotations
@@ -169,9 +169,8 @@ class InMemoryStore(Store):
     scopes of the facts changed.
 
     Fact ids are unique per owner (the fact's exact scope): adding an id the same owner holds replaces
-    that fact; adding an id another owner holds is refused. Pass ``scope=`` to :meth:`get`,
-    :meth:`delete` and :meth:`vectors_for` so a caller only ever reaches facts its scope allows
-    (it is optional today and will become required).
+    that fact; adding an id another owner holds is refused. :meth:`get`, :meth:`delete` and
+    :meth:`vectors_for` require ``scope=``, so a caller only ever reaches facts its scope allows.
 
     >>> store = InMemoryStore(embedder=HashingEmbedder())  # doctest: +SKIP
     >>> store.add("I hurt my knee in March", scope=Scope(user_id="u1"), date="2025-03-10")  # doctest: +SKIP
@@ -218,19 +217,17 @@ class InMemoryStore(Store):
         with self._lock:
             return [f for o in self._owners_for(scope) for f in self._blocks[o].facts[: self._blocks[o].length]]
 
-    def get(self, fact_id: str, *, scope: Scope | Mapping[str, str] | None = None) -> Fact | None:
-        """The fact with ``fact_id``, or None; with ``scope``, None too when that scope may not see it.
-        Pass ``scope``: it will become required."""
-        allowed = None if scope is None else Scope.coerce(scope)
+    def get(self, fact_id: str, *, scope: Scope | Mapping[str, str]) -> Fact | None:
+        """The fact with ``fact_id`` that ``scope`` may see, or None."""
+        allowed = Scope.coerce(scope)
         with self._lock:
             located = self._locate(fact_id, allowed)
             return None if located is None else located[0].facts[located[1]]
 
-    def vectors_for(self, fact_ids: Sequence[str], *, scope: Scope | Mapping[str, str] | None = None) -> np.ndarray:
+    def vectors_for(self, fact_ids: Sequence[str], *, scope: Scope | Mapping[str, str]) -> np.ndarray:
         """The stored unit vectors of ``fact_ids``, one row each in that order (a copy); a KeyError
-        names an id the store does not hold (or, with ``scope``, one that scope may not see).
-        Pass ``scope``: it will become required."""
-        allowed = None if scope is None else Scope.coerce(scope)
+        names an id the store does not hold or that ``scope`` may not see."""
+        allowed = Scope.coerce(scope)
         with self._lock:
             out = np.empty((len(fact_ids), self.embedder.dim), dtype=np.float32)
             for i, fact_id in enumerate(fact_ids):
@@ -339,11 +336,10 @@ class InMemoryStore(Store):
             self._aware = aware if self._dated else None
         return set(groups)
 
-    def delete(self, fact_ids: Iterable[str], *, scope: Scope | Mapping[str, str] | None = None) -> int:
-        """Remove facts by id (with ``scope``, only facts that scope allows); returns how many were
-        removed. Only the owners concerned are rebuilt; listeners hear of their scopes.
-        Pass ``scope``: it will become required."""
-        allowed = None if scope is None else Scope.coerce(scope)
+    def delete(self, fact_ids: Iterable[str], *, scope: Scope | Mapping[str, str]) -> int:
+        """Remove the facts ``fact_ids`` that ``scope`` allows; returns how many were removed. Only the
+        owners concerned are rebuilt; listeners hear of their scopes."""
+        allowed = Scope.coerce(scope)
         wanted = set(fact_ids)
         with self._lock:  # one critical section: no search sees an owner emptied half-way
             doomed: dict[Scope, set[str]] = {}

@@ -220,8 +220,8 @@ def test_the_store_tells_listeners_which_scopes_changed() -> None:
     store.add("new wording", scope=U2, id="x")  # the owner replacing its own fact
     with pytest.raises(InvalidArgumentError, match="another owner"):
         store.add("re-owned fact", scope=U1, id="x")  # ids are unique per owner: refused, nothing said
-    store.delete(["s1:0", "nope"])
-    store.delete(["nope"])  # nothing removed, nothing said
+    store.delete(["s1:0", "nope"], scope=U1)
+    store.delete(["nope"], scope=U1)  # nothing removed, nothing said
     assert heard == [frozenset({U2}), frozenset({U2}), frozenset({U1})]
     store.remove_listener(heard.append)
     store.add("unheard", scope=U1)
@@ -250,7 +250,7 @@ def test_listeners_that_fail_or_die_never_break_a_write() -> None:
     gc.collect()
     store.add("two", scope=U1)
     assert len(store.__dict__["_pgr_listeners"]) == 1  # the dead one was dropped, the broken one kept
-    assert store.get(store.add("three", scope=U1)) is not None
+    assert store.get(store.add("three", scope=U1), scope=U1) is not None
 
 
 # ------------------------------------------------------------------ the Phase-1 reuse cache, alone
@@ -358,7 +358,7 @@ def test_reuse_never_crosses_scopes_dates_or_a_change_in_the_scope() -> None:
     fresh = pgr.retrieve(QUERY, scope=U1, date="2025-05-01")
     assert fresh.trace.reused_phase1_from is None and new_id in fresh.ids
     assert pgr.retrieve(QUERY, scope=U1, date="2025-05-01").trace.reused_phase1_from == QUERY
-    store.delete([new_id])
+    store.delete([new_id], scope=U1)
     assert pgr.retrieve(QUERY, scope=U1, date="2025-05-01").trace.reused_phase1_from is None
 
 

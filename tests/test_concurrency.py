@@ -104,7 +104,8 @@ def test_200_aretrieve_in_flight_with_writes_meanwhile() -> None:
         for k in range(0, 100, 10):  # writes and deletions interleaved with the searches
             await asyncio.to_thread(store.add_facts, written[k : k + 10])
             if k % 20 == 10:
-                await asyncio.to_thread(store.delete, [f"w{k}", f"w{k + 1}"])
+                for fact in written[k : k + 2]:  # w{k} and w{k + 1} have different owners: each deletes its own
+                    await asyncio.to_thread(store.delete, [fact.id], scope=fact.scope)
             await asyncio.sleep(0)
 
     async def everything() -> list[Any]:

@@ -463,7 +463,7 @@ def test_import_pgr_keeps_every_fact_and_vector_and_ranks_alike(tmp_path: Path) 
         assert store.facts_for(BOB) == [f for f in facts if f.scope == BOB]
         assert sorted(f.id for f in store.facts_for(ALICE)) == sorted(f.id for f in facts if ALICE.allows(f.scope))
         ids = [f.id for f in facts if f.scope == ALICE]
-        np.testing.assert_allclose(store.vectors_for(ids, scope=ALICE), old.vectors_for(ids), atol=1e-6)
+        np.testing.assert_allclose(store.vectors_for(ids, scope=ALICE), old.vectors_for(ids, scope=ALICE), atol=1e-6)
         for probe in ("knee skiing", "trains", "physio week"):
             want = old.search_batch([probe], scope=ALICE, params=SearchParams(top_k=3, min_score=0.0))[0]
             got = _search(store, probe, ALICE, top_k=3, min_score=0.0)

@@ -62,7 +62,7 @@ def test_a_bad_fact_is_refused_and_nothing_changes(fault: str) -> None:
     good = Fact(id="good", text="a fine fact", scope=U1)
     with pytest.raises(InvalidArgumentError, match=message):
         store.add_facts([good, make()])
-    assert contents(store) == before and store.get("good") is None
+    assert contents(store) == before and store.get("good", scope=U1) is None
 
 
 @pytest.mark.parametrize(
@@ -100,16 +100,17 @@ def test_an_embedder_that_returns_nan_is_refused() -> None:
 
 def test_the_same_id_from_another_owner_is_refused_and_the_first_fact_kept() -> None:
     store = make_store()
-    first = store.get("s1:0")
-    vector = store.vectors_for(["s1:0"])
+    first = store.get("s1:0", scope=U1)
+    assert first is not None
+    vector = store.vectors_for(["s1:0"], scope=U1)
     with pytest.raises(InvalidArgumentError, match="'s1:0' belongs to another owner"):
         store.add("U2's text under U1's id", scope=U2, id="s1:0")
     with pytest.raises(InvalidArgumentError, match="'s1:0' belongs to another owner"):
         store.add_facts([Fact(id="s1:0", text="again", scope=Scope(user_id="u1", agent_id="bot"))])
-    assert store.get("s1:0") == first and np.array_equal(store.vectors_for(["s1:0"]), vector)
+    assert store.get("s1:0", scope=U1) == first and np.array_equal(store.vectors_for(["s1:0"], scope=U1), vector)
     assert store.get("s1:0", scope=U2) is None
     store.add("I hurt my ankle", scope=U1, id="s1:0", session_id="s1", position=0)  # its owner replaces it
-    assert store.get("s1:0").text == "I hurt my ankle"  # type: ignore[union-attr]
+    assert store.get("s1:0", scope=U1).text == "I hurt my ankle"  # type: ignore[union-attr]
 
 
 def test_one_batch_giving_an_id_two_owners_is_refused() -> None:

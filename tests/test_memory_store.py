@@ -16,6 +16,7 @@ from pgr_core import (
     InMemoryStore,
     InvalidArgumentError,
     Scope,
+    ScopeError,
     SearchParams,
 )
 
@@ -66,14 +67,14 @@ def test_ids_are_stable_and_updates_replace(store: InMemoryStore) -> None:
     assert [h.fact.id for h in first] == [h.fact.id for h in again]
     n = len(store)
     store.add("I hurt my ankle, not my knee", scope=U1, id="s1:0", session_id="s1", position=0)
-    assert len(store) == n and store.get("s1:0").text.startswith("I hurt my ankle")  # type: ignore[union-attr]
+    assert len(store) == n and store.get("s1:0", scope=U1).text.startswith("I hurt my ankle")  # type: ignore[union-attr]
 
 
 def test_save_and_load_round_trip(store: InMemoryStore, tmp_path: Path) -> None:
     path = store.save(tmp_path / "m.pgr")
     loaded = InMemoryStore.load(path, embedder=HashingEmbedder())
     assert len(loaded) == len(store)
-    assert loaded.get("s1:2") == store.get("s1:2")
+    assert loaded.get("s1:2", scope=U1) == store.get("s1:2", scope=U1) is not None
     params = SearchParams(top_k=3, min_score=0.0, window=1)
     a = store.search_batch(["knee", "bus"], scope=U1, params=params)
     b = loaded.search_batch(["knee", "bus"], scope=U1, params=params)
@@ -101,14 +102,14 @@ def test_bad_facts_are_refused_and_nothing_is_stored(store: InMemoryStore) -> No
         store.add("x", scope=U1, session_id="s9")
     with pytest.raises(InvalidArgumentError, match="shape"):
         store.add_facts([Fact(id="c", text="c", scope=U1)], vectors=np.zeros((1, 3), np.float32))
-    assert len(store) == n and store.get("a") is None
+    assert len(store) == n and store.get("a", scope=U1) is None
 
 
 def test_delete_removes_and_keeps_the_rest_searchable(store: InMemoryStore) -> None:
-    assert store.delete(["s1:3", "missing"]) == 1
+    assert store.delete(["s1:3", "missing"], scope=U1) == 1
     hits = store.search_batch(["car bus"], scope=U1, params=SearchParams(top_k=8, min_score=0.0, window=1))[0]
     assert "s1:3" not in {h.fact.id for h in hits}
-    assert store.get("s1:2") is not None
+    assert store.get("s1:2", scope=U1) is not None
 
 
 def test_unicode_and_very_long_probes(store: InMemoryStore) -> None:
@@ -160,14 +161,33 @@ def test_stored_dates_are_read_leniently() -> None:
 
 def test_scope_keyword_limits_get_delete_and_vectors_for(store: InMemoryStore) -> None:
     assert store.get("s1:0", scope=U1) is not None and store.get("s1:0", scope=U2) is None
-    assert store.get("s1:0", scope={"user_id": "u1"}) == store.get("s1:0")
+    assert store.get("s1:0", scope={"user_id": "u1"}) == store.get("s1:0", scope=U1)
     assert store.vectors_for(["s1:0", "s1:1"], scope=U1).shape == (2, 256)
     with pytest.raises(KeyError, match="'s1:0' in this store for this scope"):
         store.vectors_for(["other:0", "s1:0"], scope=U2)
     assert store.delete(["s1:0", "other:0"], scope=U2) == 1  # only U2's fact goes
-    assert store.get("s1:0") is not None and store.get("other:0") is None
+    assert store.get("s1:0", scope=U1) is not None and store.get("other:0", scope=U2) is None
     assert {f.id for f in store.facts_for(U2)} == {f"other:{i}" for i in range(1, 8)}
     assert [f.id for f in store.facts_for(U1)] == [f.id for f in store.facts if f.scope == U1]
+
+
+def test_get_delete_and_vectors_for_require_a_scope(store: InMemoryStore) -> None:
+    n = len(store)
+    for call in (
+        lambda: store.get("s1:0"),  # type: ignore[call-arg]
+        lambda: store.delete(["s1:0"]),  # type: ignore[call-arg]
+        lambda: store.vectors_for(["s1:0"]),  # type: ignore[call-arg]
+    ):
+        with pytest.raises(TypeError):
+            call()
+    for call in (
+        lambda: store.get("s1:0", scope=None),  # type: ignore[arg-type]
+        lambda: store.delete(["s1:0"], scope=None),  # type: ignore[arg-type]
+        lambda: store.vectors_for(["s1:0"], scope=None),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ScopeError):
+            call()
+    assert len(store) == n and store.get("s1:0", scope=U1) is not None
 
 
 def test_facts_for_a_wide_scope_gathers_every_owner_it_allows() -> None:
@@ -187,8 +207,10 @@ def test_one_at_a_time_appends_keep_every_fact_and_vector() -> None:
     for i, text in enumerate(texts):  # past several capacity doublings
         store.add(text, scope=U1 if i % 3 else U2, id=f"n{i}", session_id="s", position=i)
     assert len(store) == 300
-    ids = [f"n{i}" for i in range(300)]
-    assert np.allclose(store.vectors_for(ids), HashingEmbedder().embed(texts))
+    for owner in (U1, U2):  # each owner's rows, read with its own scope
+        mine = [i for i in range(300) if (U1 if i % 3 else U2) == owner]
+        rows = store.vectors_for([f"n{i}" for i in mine], scope=owner)
+        assert np.allclose(rows, HashingEmbedder().embed([texts[i] for i in mine]))
     hits = store.search_batch(["note 151 about topic 4"], scope=U1, params=SearchParams(top_k=1, window=3))[0]
     # neighbours are the same owner's turns only: n150 and n153 (U2's) are left out
     assert hits[0].fact.id == "n151" and {h.fact.id for h in hits[1:]} == {"n148", "n149", "n152", "n154"}
@@ -202,14 +224,15 @@ def test_a_snapshot_is_untouched_by_later_appends_replacements_and_deletions() -
     for i in range(40):  # growth
         store.add(f"more {i}", scope=U1, id=f"m{i}")
     store.add("replaced text", scope=U1, id="s1:1", session_id="s1", position=1)  # replacement
-    store.delete(["s1:2"])
+    store.delete(["s1:2"], scope=U1)
     assert np.array_equal(view.vectors[: view.n], rows) and view.facts[: view.n] == facts
-    assert store.get("s1:1").text == "replaced text"  # type: ignore[union-attr]
+    assert store.get("s1:1", scope=U1).text == "replaced text"  # type: ignore[union-attr]
 
 
 def test_emptying_an_owner_removes_it_and_its_id_may_be_taken() -> None:
     store = make_store()
-    assert store.delete([f"other:{i}" for i in range(8)]) == 8
+    assert store.delete([f"other:{i}" for i in range(8)], scope=U1) == 0  # not U1's
+    assert store.delete([f"other:{i}" for i in range(8)], scope=U2) == 8
     assert store.search_batch(["knee"], scope=U2, params=SearchParams(min_score=0.0)) == [[]]
     assert U2 not in store._blocks and len(store) == 8
     store.add("now U1's", scope=U1, id="other:0")  # no other owner holds it any more
@@ -220,7 +243,7 @@ def _brute_force(store: InMemoryStore, probe: str, scope: Scope, k: int) -> list
     facts = [f for f in store.facts if scope.allows(f.scope)]
     if not facts:
         return []
-    scores = store.vectors_for([f.id for f in facts]) @ store.embedder.embed([probe])[0]
+    scores = store.vectors_for([f.id for f in facts], scope=scope) @ store.embedder.embed([probe])[0]
     order = np.argsort(-scores, kind="stable")[:k]
     return [(facts[i].id, round(float(scores[i]), 5)) for i in order]
 
@@ -235,12 +258,17 @@ def test_search_ranks_as_a_brute_force_scan_over_the_facts_its_scope_allows() ->
         for r in (None, "r1")
     ]
     store = InMemoryStore(embedder=HashingEmbedder())
+    owner_of: dict[str, Scope] = {}
     for i in range(400):
         text = " ".join(rng.choice(words, size=4)) + f" item{i}"
-        store.add(text, scope=owners[int(rng.integers(len(owners)))], id=f"f{i}")
-    store.delete([f"f{i}" for i in range(0, 400, 9)])
+        owner_of[f"f{i}"] = owners[int(rng.integers(len(owners)))]
+        store.add(text, scope=owner_of[f"f{i}"], id=f"f{i}")
+    doomed = [f"f{i}" for i in range(0, 400, 9)]
+    for owner in owners:  # each owner deletes its own
+        store.delete([i for i in doomed if owner_of[i] == owner], scope=owner)
+    assert not any(store.get(i, scope=owner_of[i]) for i in doomed)
     for i in range(1, 400, 13):  # replacements by the same owner
-        old = store.get(f"f{i}")
+        old = store.get(f"f{i}", scope=owner_of[f"f{i}"])
         if old is not None:
             store.add(old.text + " again", scope=old.scope, id=old.id)
     queries = [
@@ -274,7 +302,7 @@ def test_searches_during_writes_see_whole_facts_only() -> None:
             store.add(f"fresh {k} knee", scope=U1, id=f"n{k}")
             store.add(f"rewritten {k} bus knee", scope=U1, id=f"f{k % 50}")  # replaces a published row
             if k % 10 == 9:
-                store.delete([f"n{k - 5}"])
+                store.delete([f"n{k - 5}"], scope=U1)
         stop.set()
 
     def search() -> None:
@@ -298,7 +326,7 @@ def test_text_with_unicode_line_separators_survives_save_and_load(tmp_path: Path
     store = InMemoryStore(embedder=HashingEmbedder())
     store.add("first line\u2028second\x85third\u2029fourth", scope=U1, id="sep", metadata={"k": "a\u2028b"})
     loaded = InMemoryStore.load(store.save(tmp_path / "sep.pgr"), embedder=HashingEmbedder())
-    assert loaded.get("sep") == store.get("sep")
+    assert loaded.get("sep", scope=U1) == store.get("sep", scope=U1) is not None
 
 
 def test_saving_onto_a_directory_is_refused(tmp_path: Path) -> None:

@@ -183,7 +183,7 @@ def test_store_refuses_mixed_date_kinds_and_keeps_what_it_had(store: InMemorySto
     aware = Fact(id="new", text="aware fact", scope=U1, date=datetime(2025, 1, 1, tzinfo=UTC))
     with pytest.raises(InvalidArgumentError, match="one kind for all dates"):
         store.add_facts([Fact(id="ok", text="fine", scope=U1), aware])
-    assert len(store) == before and store.get("ok") is None
+    assert len(store) == before and store.get("ok", scope=U1) is None
 
 
 # ---------------------------------------------------------------- bad arguments

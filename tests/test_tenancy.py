@@ -87,7 +87,7 @@ def test_deleting_a_fact_drops_every_scopes_cached_rows() -> None:
     params = SearchParams(top_k=10, min_score=0.0)
     assert {h.fact.id for h in store.search_batch(["knee"], scope=U2, params=params)[0]} == {"f1", "f2"}
     assert U2 in store._scope_cache  # the owners U2 may see are cached
-    assert store.delete(["f0"]) == 1  # rows shift down by one: stale rows 1, 2 would be f2 and U1's f3
+    assert store.delete(["f0"], scope=U1) == 1  # rows shift down by one: stale rows 1, 2 would be f2 and U1's f3
     assert store._scope_cache == {}
     after = PGR(store).query_only("knee", scope=U2)
     assert not after.degraded and set(after.ids) == {"f1", "f2"}

@@ -114,11 +114,12 @@ def test_the_memory_cache_sits_on_the_disk_cache_and_keeps_its_size(tmp_path: Pa
 
 def test_vectors_for_gives_the_stored_rows_and_names_an_unknown_id() -> None:
     store = make_store()
-    rows = store.vectors_for(["s1:3", "s1:0"])
-    np.testing.assert_allclose(rows, HashingEmbedder().embed([store.get("s1:3").text, store.get("s1:0").text]))
-    assert store.vectors_for([]).shape == (0, store.embedder.dim)
+    rows = store.vectors_for(["s1:3", "s1:0"], scope=U1)
+    texts = [store.get("s1:3", scope=U1).text, store.get("s1:0", scope=U1).text]  # type: ignore[union-attr]
+    np.testing.assert_allclose(rows, HashingEmbedder().embed(texts))
+    assert store.vectors_for([], scope=U1).shape == (0, store.embedder.dim)
     with pytest.raises(KeyError, match="nope"):
-        store.vectors_for(["s1:0", "nope"])
+        store.vectors_for(["s1:0", "nope"], scope=U1)
 
 
 def _questions() -> list[EvalQuestion]:
@@ -150,7 +151,7 @@ def test_closeness_reuses_the_store_vectors_and_matches_embedding_afresh(capsys:
     assert _closeness(other, questions) == pytest.approx(close)
     assert {"I hurt my knee playing basketball in March", "I sold my car and ride the bus now"} <= set(counted.texts)
     assert close[2] is None and close[0] == pytest.approx(
-        float(HashingEmbedder().embed(["knee basketball"])[0] @ store.vectors_for(["s1:0"])[0])
+        float(HashingEmbedder().embed(["knee basketball"])[0] @ store.vectors_for(["s1:0"], scope=U1)[0])
     )
 
 
@@ -160,7 +161,9 @@ def test_build_store_embeds_in_chunks_with_progress(capsys: pytest.CaptureFixtur
     store = build_store(facts, inner, chunk=5)
     assert len(store) == len(facts) and [len(c) for c in inner.calls] == [5, 5, 5, 1]
     assert f"embedding facts (fake): {len(facts)}/{len(facts)}" in capsys.readouterr().err
-    np.testing.assert_array_equal(store.vectors_for([facts[7].id])[0], HashingEmbedder(16).embed([facts[7].text])[0])
+    np.testing.assert_array_equal(
+        store.vectors_for([facts[7].id], scope=facts[7].scope)[0], HashingEmbedder(16).embed([facts[7].text])[0]
+    )
     rows = run_eval(EvalSet("t", facts, _questions()[:2]), ["query-only"], store, log=lambda s: None)
     assert {r["question"] for r in rows if r["method"] == "query-only"} == {"knee", "car"}
 

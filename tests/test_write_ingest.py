@@ -233,7 +233,7 @@ def test_an_update_keeps_the_id_bumps_frequency_and_unions_provenance() -> None:
     store, llm = _store(), _llm()
     report = Ingestor(store, llm=llm).ingest(SESSIONS, scope=U)
     assert report.facts_updated == 1 and report.facts_added == 3
-    knee = store.get("u1:s1:f0")
+    knee = store.get("u1:s1:f0", scope=U)
     assert knee is not None
     assert knee.text == "The user's basketball knee injury is still sore in March 2025."
     assert knee.metadata["frequency"] == 2 and knee.metadata["sessions"] == ["s1", "s2"]

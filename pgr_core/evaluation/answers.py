@@ -29,8 +29,8 @@ def answer_with(llm: LLM, store: Store, q: EvalQuestion, ids: Sequence[str], *, 
     """pgr's answer prompt filled with the facts ``ids`` (first ``k``); None when the LLM fails."""
     get = getattr(store, "get", None)
     if get is None:
-        raise TypeError("answer comparison needs a store with get(fact_id), e.g. InMemoryStore")
-    facts = [f for f in (get(i) for i in ids[:k]) if f is not None]
+        raise TypeError("answer comparison needs a store with get(fact_id, scope=...), e.g. InMemoryStore")
+    facts = [f for f in (get(i, scope=q.scope) for i in ids[:k]) if f is not None]
     found = [FoundFact(fact=f, score=0.0, rank_score=0.0, round=0, probe="") for f in facts]
     p = Prospection(
         query=q.question,

@@ -25,7 +25,7 @@ from ..embedders import Embedder
 from ..llm import LLM
 from ..memory import InMemoryStore
 from ..store import Store
-from ..types import Fact
+from ..types import Fact, Scope
 from .data import EvalQuestion, EvalSet
 from .methods import LLM_METHODS, make_method, parse_method, scope_probe
 from .metrics import judged_recall, recall, recall_at, recall_exact
@@ -190,7 +190,7 @@ def run_eval(
                 if result.degraded or result.error:
                     log(f"degraded: {name} [{q.id}]: {_one_line(result.error or 'no reason given')}")
                 if judge is not None and q.references and not q.gold and not q.missing:
-                    texts = [f.text for f in _facts(store, result.ids[:20])]
+                    texts = [f.text for f in _facts(store, result.ids[:20], q.scope)]
                     verdict = judged_recall(judge, q.question, q.references, texts)
                     record["judged"] = {"found": verdict.found, "error": verdict.error, "calls": verdict.calls}
                     if verdict.error:
@@ -209,11 +209,12 @@ def _one_line(text: str, limit: int = 500) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def _facts(store: Store, ids: Sequence[str]) -> list[Any]:
+def _facts(store: Store, ids: Sequence[str], scope: Scope) -> list[Any]:
+    """The facts ``ids`` that ``scope`` (the question's user) may see."""
     get = getattr(store, "get", None)
     if get is None:
         return []
-    return [f for f in (get(i) for i in ids) if f is not None]
+    return [f for f in (get(i, scope=scope) for i in ids) if f is not None]
 
 
 def _closeness(store: Store, questions: Sequence[EvalQuestion]) -> list[float | None]:
@@ -233,9 +234,13 @@ def _closeness(store: Store, questions: Sequence[EvalQuestion]) -> list[float | 
     out: list[float | None] = []
     for vec, q in zip(q_vecs, questions, strict=True):
         ids = [i for g in q.gold for i in ([g] if isinstance(g, str) else g)]
-        facts = _facts(store, ids)
+        facts = _facts(store, ids, q.scope)
         if facts:
-            rows = stored([f.id for f in facts]) if stored is not None else embedder.embed([f.text for f in facts])
+            rows = (
+                stored([f.id for f in facts], scope=q.scope)
+                if stored is not None
+                else embedder.embed([f.text for f in facts])
+            )
             out.append(float(np.max(rows @ vec)))
         else:
             out.append(None)
