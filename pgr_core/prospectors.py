@@ -74,6 +74,7 @@ class Prospection:
     ask_answered: bool = False  # adaptive "llm" mode: augmentation also says whether its records answer
     answered: bool | None = None  # ...and what it said (None: not asked, or no verdict)
     context_top: float | None = None  # the best score among the records augmentation saw
+    context: list[FoundFact] = field(default_factory=list)  # ...and those records (Phase 1 sees them too)
     want_choice: bool = False  # ranking "llm": the summary call also names the records that matter
     choice: Any = None  # ...the ids it named, unchecked (see pgr_core.ranking.choose)
     _quoted: dict[str, str] = field(default_factory=dict, repr=False)  # fact id -> its quoted text, this call
@@ -408,6 +409,7 @@ class LLMProspector(Prospector):
     def augment(self, p: Prospection, context: list[Hit]) -> Flow:
         """q_A; with ``p.ask_answered`` (adaptive "llm" mode) the same call also sets ``p.answered``."""
         found = [FoundFact(h.fact, h.score, h.score, 0, p.query) for h in context]
+        p.context = found
         ask = p.ask_answered
         text = render(
             "augment",
@@ -430,6 +432,7 @@ class LLMProspector(Prospector):
             name,
             date=p.date_text(),
             intent=quoted(p.intent, 600),
+            memories=p.memory_lines(p.context, 5) if p.context else "(none found)",
             n_steps=self.n_steps,
             dimensions=", ".join(self.dimensions),
         )

@@ -277,3 +277,23 @@ def test_a_hit_placed_as_a_neighbour_still_brings_its_own_neighbours_on_its_turn
     found["t4"] = _found("t4", via="neighbour", anchor="t3")
     order = [f.id for f in shared_order(found, [_probe("query", ["t2", "x", "t3"])], 1.0)]
     assert order == ["t2", "t3", "t1", "x", "t4"]
+
+
+def test_phase_1_sees_the_records_augmentation_saw_and_none_is_said_when_there_are_none() -> None:
+    store = far_store()
+    llm = scripted()
+    PGR(store, llm=llm, strategy="tot", augment_min_score=0.1).retrieve(QUERY, scope=U, date="2025-05-01")
+    augment, initial = llm.calls[0].prompt, llm.calls[1].prompt
+    shown = re.findall(r'<record[^>]*>"([^"]*)"</record>', augment)
+    assert shown and all(text in initial for text in shown)  # the same records, no extra store call
+    assert "Let the steps fit this person" in initial
+    llm = scripted()
+    PGR(store, llm=llm, strategy="tot", augment_min_score=0.99).retrieve(QUERY, scope=U, date="2025-05-01")
+    assert "(none found)" in llm.calls[1].prompt and "<record" not in llm.calls[1].prompt
+
+
+def test_the_augmentation_floor_defaults_to_tau() -> None:
+    from pgr_core.config import PGRConfig
+
+    config = PGRConfig()
+    assert config.augment_min_score == config.min_score == 0.3
