@@ -4,6 +4,7 @@ nox                          # what CI runs: `tests` and every `conformance(<ada
 nox -s tests                 # the default suite (no framework installed)
 nox -s "conformance(qdrant)" # one adapter: installs only its extra, loads only its entry point
 nox -s llm                   # needs PGR_LLM_BASE_URL, or ../shared/tools/local-llm serve on :8081
+nox -s soak                  # writers, a reader and kill -9s on one store (bounded; not in CI)
 """
 
 from __future__ import annotations
@@ -82,3 +83,17 @@ def gmpo(session: nox.Session) -> None:
     """GMPO's GRPO loop end to end on a tiny random Qwen2 on CPU (not a default session: `nox -s gmpo`)."""
     _install(session, "dev,train")
     session.run("pytest", "tests/test_write_gmpo.py", "-v", "-s", *session.posargs)
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """Writers, a reader and random kill -9s on one store, for a bounded time (not in CI: `nox -s soak`).
+
+    Runs benchmarks/soak.py on a directory store and on a .pgr file store; pass its options after
+    `--`, e.g. `nox -s soak -- --seconds 600`. Fails when a fact was lost or duplicated or the store
+    did not reopen."""
+    _install(session, "local,dev")
+    args = session.posargs or ["--seconds", "120"]
+    session.run("python", "benchmarks/soak.py", *args, "--json", "soak-dir.json")
+    pgr_file = os.path.join(session.create_tmp(), "soak.pgr")
+    session.run("python", "benchmarks/soak.py", *args, "--store", pgr_file, "--json", "soak-file.json")

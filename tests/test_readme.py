@@ -8,13 +8,15 @@ from pathlib import Path
 import pytest
 
 import pgr_core
-from pgr_core import HashingEmbedder, InMemoryStore
+from pgr_core import EdgeStore, HashingEmbedder, Scope
 from pgr_core.testing import ScriptedLLM
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_readme_python_example(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_readme_python_example(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     # the first python block is the core example; the adapters' blocks are run by their own tests
     code = re.search(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
     assert code, "README has no python example"
@@ -31,9 +33,16 @@ def test_readme_python_example(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
         ]
     )
     monkeypatch.setattr(pgr_core, "OpenAICompatible", lambda **kwargs: llm)
-    # the hashing embedder keeps this test fast and independent of the local extra
-    monkeypatch.setattr(pgr_core, "InMemoryStore", lambda: InMemoryStore(embedder=HashingEmbedder()))
+    # the hashing embedder keeps this test fast and independent of the MiniLM model
+    class Edge:
+        @staticmethod
+        def open(path: str) -> EdgeStore:
+            return EdgeStore.open(tmp_path / path, embedder=HashingEmbedder())
+
+    monkeypatch.setattr(pgr_core, "EdgeStore", Edge)
     exec(compile(code.group(1), str(README), "exec"), {})
+    with EdgeStore.open(tmp_path / "memory.edge", embedder=HashingEmbedder(), create=False) as again:
+        assert [f.text for f in again.facts_for(Scope(user_id="u1"))] == ["My physio says no sudden stops until July"]
     out = capsys.readouterr().out
     assert "My physio says no sudden stops until July" in out
     assert "The physio's advice matters" in out
