@@ -5,6 +5,7 @@ budget (:mod:`pgr_core._budget`) and bill every LLM call to the trace."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from ._budget import BudgetStop, Meter
 from ._effects import Ask, Flow, Search
 from .caches import counting_embeddings
 from .errors import ConfigurationError, LLMError, LLMTimeoutError, StoreError
-from .llm import LLM, Completion
+from .llm import LLM, Completion, plausible_usage
 from .trace import Usage
 from .types import Budget
 
@@ -90,10 +91,10 @@ class Drivers:
             return llm.complete(effect.messages, schema=effect.schema, max_tokens=effect.max_tokens, **extra)
 
         if time_left is None:
-            return _completion(call(), llm)
+            return _completion(call(), llm, effect)
         if llm.accepts_timeout:
-            return _completion(call(timeout=time_left), llm)
-        return _completion(_abandon_after(time_left, call), llm)
+            return _completion(call(timeout=time_left), llm, effect)
+        return _completion(_abandon_after(time_left, call), llm, effect)
 
     async def _aask(self, effect: Ask, time_left: float | None) -> Completion:
         """One awaited LLM call; past the deadline the await is abandoned (the call is cancelled)."""
@@ -101,9 +102,9 @@ class Drivers:
         extra: dict[str, Any] = {"timeout": time_left} if time_left is not None and llm.accepts_timeout else {}
         call = llm.acomplete(effect.messages, schema=effect.schema, max_tokens=effect.max_tokens, **extra)
         if time_left is None:
-            return _completion(await call, llm)
+            return _completion(await call, llm, effect)
         try:
-            return _completion(await asyncio.wait_for(call, time_left), llm)
+            return _completion(await asyncio.wait_for(call, time_left), llm, effect)
         except TimeoutError:
             raise LLMTimeoutError(
                 f"no answer in the {time_left:.3g}s the deadline left; the call was abandoned"
@@ -139,10 +140,22 @@ class Drivers:
         effect.trace.usage_by_phase.setdefault(effect.phase, Usage()).add(spent)
 
 
-def _completion(value: object, llm: LLM) -> Completion:
+def _completion(value: object, llm: LLM, effect: Ask) -> Completion:
+    """The reply of any LLM, its token counts believed only when plausible (:func:`plausible_usage`):
+    a custom client reporting -5 tokens cannot undo ``max_tokens`` any more than a server can."""
     if not isinstance(value, Completion):
         raise LLMError(f"{llm!r} returned a {type(value).__name__}, not a Completion")
-    return value
+    usage = value.usage
+    checked = plausible_usage(
+        getattr(usage, "prompt_tokens", None),
+        getattr(usage, "completion_tokens", None),
+        effect.messages,
+        value.text if isinstance(value.text, str) else "",
+        max_tokens=effect.max_tokens,
+    )
+    if (checked.prompt_tokens, checked.completion_tokens) == (usage.prompt_tokens, usage.completion_tokens):
+        return value
+    return dataclasses.replace(value, usage=checked)
 
 
 def _abandon_after(seconds: float, call: Callable[[], Completion]) -> Completion:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ._argtypes import OneLineParser, nonnegative_float, nonnegative_int, positive_int, unit_float
 from .embedders import Embedder, HashingEmbedder, MiniLMEmbedder, minilm_available
 from .errors import InvalidArgumentError, PGRError
 from .llm import LLM, llm_from_env
@@ -274,10 +275,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-llm", action="store_true", help="ignore any configured LLM")
     p.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
     p.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
-    p.add_argument("--llm-timeout", type=float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "60")))
+    p.add_argument("--llm-timeout", type=nonnegative_float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "60")))
     p.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
-    p.add_argument("--window", type=int, default=0, help="temporal window: ±w turns around each hit")
-    p.add_argument("--max-facts", type=int, default=None, help="cut R* to this many facts")
+    p.add_argument("--window", type=nonnegative_int, default=0, help="temporal window: ±w turns around each hit")
+    p.add_argument("--max-facts", type=positive_int, default=None, help="cut R* to this many facts")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -458,7 +459,7 @@ def cmd_memoryquest(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pgr", description="Prospection-Guided Retrieval")
+    parser = OneLineParser(prog="pgr", description="Prospection-Guided Retrieval")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="query-only vs PGR on a bundled history, offline")
@@ -477,13 +478,15 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="a store directory or .pgr file (from `pgr ingest --out` or `pgr demo --save-store`)",
     )
-    ret.add_argument("--lock-timeout", type=float, default=30.0, help="seconds to wait for a process writing the store")
+    ret.add_argument(
+        "--lock-timeout", type=nonnegative_float, default=30.0, help="seconds to wait for a process writing the store"
+    )
     ret.add_argument("--user", default=None)
     ret.add_argument("--agent", default=None)
     ret.add_argument("--run", default=None)
     ret.add_argument("--date", default=None, help="the query's date, ISO (e.g. 2025-05-01)")
     ret.add_argument("--query-only", action="store_true", help="the baseline: top-K by the query alone")
-    ret.add_argument("--top-k", type=int, default=None, help="K for --query-only (default 20)")
+    ret.add_argument("--top-k", type=positive_int, default=None, help="K for --query-only (default 20)")
     ret.add_argument("--html", type=Path, default=None, help="write a trace page here")
     _common(ret)
     ret.set_defaults(func=cmd_retrieve)
@@ -497,8 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated: query-only, pgr-none, pgr-facet, pgr-cot, pgr-tot, query-fusion, hyde, mem0; +wN adds "
         "a temporal window (e.g. query-only+w1)",
     )
-    ev.add_argument("--limit", type=int, default=None, help="the first N questions (after --every)")
-    ev.add_argument("--every", type=int, default=1, help="every k-th question: a spread sample")
+    ev.add_argument("--limit", type=positive_int, default=None, help="the first N questions (after --every)")
+    ev.add_argument("--every", type=positive_int, default=1, help="every k-th question: a spread sample")
     ev.add_argument(
         "--json",
         type=Path,
@@ -528,12 +531,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--set", action="append", default=[], help="PGR option for pgr-* methods, e.g. --set delta=3")
     ev.add_argument("--prefeval-kind", choices=["explicit", "choice-based", "persona-driven"], default="explicit")
-    ev.add_argument("--fillers", type=int, default=5, help="PrefEval: filler conversations per history")
-    ev.add_argument("--per-topic", type=int, default=None, help="PrefEval: first N preferences of each topic")
+    ev.add_argument("--fillers", type=nonnegative_int, default=5, help="PrefEval: filler conversations per history")
+    ev.add_argument("--per-topic", type=positive_int, default=None, help="PrefEval: first N preferences of each topic")
     ev.add_argument("--no-llm", action="store_true", help="ignore any configured LLM")
     ev.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
     ev.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
-    ev.add_argument("--llm-timeout", type=float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "120")))
+    ev.add_argument("--llm-timeout", type=nonnegative_float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "120")))
     ev.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
     ev.set_defaults(func=cmd_eval)
 
@@ -543,12 +546,12 @@ def build_parser() -> argparse.ArgumentParser:
     mq.add_argument("--out", type=Path, required=True, help="the data set to write (JSONL, docs/eval-format.md)")
     mq.add_argument("--work", type=Path, required=True, help="checkpoint folder: rerun with it to resume")
     mq.add_argument("--cache", type=Path, default=None, help="LLM reply cache folder")
-    mq.add_argument("--max-queries", type=int, default=15, help="requests per user (the paper: 15)")
-    mq.add_argument("--max-cosine", type=float, default=0.3, help="mean query-reference cosine allowed (0.3)")
+    mq.add_argument("--max-queries", type=positive_int, default=15, help="requests per user (the paper: 15)")
+    mq.add_argument("--max-cosine", type=unit_float, default=0.3, help="mean query-reference cosine allowed (0.3)")
     mq.add_argument("--seed", type=int, default=0, help="draws the requests' dates")
     mq.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
     mq.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
-    mq.add_argument("--llm-timeout", type=float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "120")))
+    mq.add_argument("--llm-timeout", type=nonnegative_float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "120")))
     mq.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm", help="for the cosine filter")
     mq.set_defaults(func=cmd_memoryquest)
 

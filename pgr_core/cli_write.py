@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ._argtypes import nonnegative_float, nonnegative_int, positive_int, unit_float
 from .errors import ConfigurationError, InvalidArgumentError
 from .llm import LLM, llm_from_env
 
@@ -326,22 +327,25 @@ def _cmd_induce(args: argparse.Namespace) -> int:
 def _llm_options(p: argparse.ArgumentParser, *, timeout: float = 120.0) -> None:
     p.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
     p.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
-    p.add_argument("--llm-timeout", type=float, default=float(os.environ.get("PGR_LLM_TIMEOUT", str(timeout))))
+    default = float(os.environ.get("PGR_LLM_TIMEOUT", str(timeout)))
+    p.add_argument("--llm-timeout", type=nonnegative_float, default=default)
     p.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
 
 
 def _lock_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lock-timeout",
-        type=float,
+        type=nonnegative_float,
         default=30.0,
         help="seconds to wait for another process writing the same store (30; 0: do not wait)",
     )
 
 
 def _merge_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threshold", type=float, default=0.85, help="cosine a cluster's facts share pairwise (0.85)")
-    p.add_argument("--window-days", type=float, default=7.0, help="most days between a cluster's latest dates (7)")
+    p.add_argument("--threshold", type=unit_float, default=0.85, help="cosine a cluster's facts share pairwise (0.85)")
+    p.add_argument(
+        "--window-days", type=nonnegative_float, default=7.0, help="most days between a cluster's latest dates (7)"
+    )
 
 
 def register(sub: Any) -> None:
@@ -354,16 +358,19 @@ def register(sub: Any) -> None:
     ing.add_argument("--out", type=Path, required=True, help="the store file to create or extend (.pgr)")
     ing.add_argument("--user", action="append", default=[], help="only this user (repeatable)")
     ing.add_argument("--mode", choices=["raw", "extract"], default="raw", help="raw turns (no LLM) or LLM extraction")
-    ing.add_argument("--window", type=int, default=1, help="raw mode: turns per fact (1)")
+    ing.add_argument("--window", type=nonnegative_int, default=1, help="raw mode: turns per fact (1)")
     ing.add_argument(
         "--speakers", default=None, help="raw mode: comma-separated speakers to keep (default: all but the assistant)"
     )
     ing.add_argument(
         "--guideline", type=Path, default=None, help="extract mode: a guideline file S (default: built in)"
     )
-    ing.add_argument("--checkpoint-every", type=int, default=10, help="save the store every N sessions (10)")
+    ing.add_argument("--checkpoint-every", type=positive_int, default=10, help="save the store every N sessions (10)")
     ing.add_argument(
-        "--consolidate-every", type=int, default=50, help="extract mode: consolidate after N new facts (0: never)"
+        "--consolidate-every",
+        type=nonnegative_int,
+        default=50,
+        help="extract mode: consolidate after N new facts (0: never)",
     )
     ing.add_argument("--redo-raw", action="store_true", help="extract again sessions that fell back to raw turns")
     ing.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -390,15 +397,15 @@ def register(sub: Any) -> None:
     gl.add_argument("--rendered", action="store_true", help="show: with its placeholders filled")
     gl.add_argument("--data", type=Path, default=None, help="induce: the PrefEval folder")
     gl.add_argument("--out", type=Path, default=Path("guideline-induction"), help="induce: S versions and history.json")
-    gl.add_argument("--train", type=int, default=8, help="training examples (8)")
-    gl.add_argument("--val", type=int, default=4, help="held-out validation examples (4)")
-    gl.add_argument("--fillers", type=int, default=0, help="filler conversations per history (0)")
-    gl.add_argument("--steps", type=int, default=2, help="induction steps (2)")
-    gl.add_argument("--batch", type=int, default=4, help="training examples per step (4)")
-    gl.add_argument("--candidates", type=int, default=1, help="edited guidelines tried per step (1)")
-    gl.add_argument("--rollouts", type=int, default=2, help="rollouts per training example, to contrast (2)")
+    gl.add_argument("--train", type=positive_int, default=8, help="training examples (8)")
+    gl.add_argument("--val", type=positive_int, default=4, help="held-out validation examples (4)")
+    gl.add_argument("--fillers", type=nonnegative_int, default=0, help="filler conversations per history (0)")
+    gl.add_argument("--steps", type=positive_int, default=2, help="induction steps (2)")
+    gl.add_argument("--batch", type=positive_int, default=4, help="training examples per step (4)")
+    gl.add_argument("--candidates", type=positive_int, default=1, help="edited guidelines tried per step (1)")
+    gl.add_argument("--rollouts", type=positive_int, default=2, help="rollouts per training example, to contrast (2)")
     gl.add_argument("--retrieval", choices=["query-only", "pgr-facet", "pgr"], default="query-only")
-    gl.add_argument("--top-k", type=int, default=10, help="facts given to the answerer (10)")
+    gl.add_argument("--top-k", type=positive_int, default=10, help="facts given to the answerer (10)")
     gl.add_argument(
         "--free-form", action="store_true", help="answer in words and judge with the LLM, not multiple choice"
     )

@@ -93,3 +93,23 @@ def test_an_unwritable_trace_page_is_one_line(tmp_path: Path, capsys: pytest.Cap
     blocker.write_text("x", encoding="utf-8")
     assert main(["demo", "--embedder", "hashing", "--html", str(blocker / "t.html")]) == 2
     assert _error_line(capsys).startswith("pgr: error: cannot use")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["consolidate", "--store", "x.pgr", "--window-days", "nan"],
+        ["consolidate", "--store", "x.pgr", "--window-days", "-1"],
+        ["consolidate", "--store", "x.pgr", "--threshold", "1.5"],
+        ["retrieve", "q", "--store", "x.pgr", "--user", "u", "--query-only", "--top-k", "-3"],
+        ["retrieve", "q", "--store", "x.pgr", "--user", "u", "--lock-timeout", "inf"],
+        ["eval", "jsonl", "--data", "x.jsonl", "--every", "0"],
+        ["ingest", "jsonl", "--data", "x.jsonl", "--out", "s", "--window", "two"],
+    ],
+)
+def test_bad_numbers_on_the_command_line_are_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pgr: error:")

@@ -486,3 +486,26 @@ def test_required_keys_may_be_null_only_where_the_schema_says_so() -> None:
         parse_json('{"a": "x", "b": null}', schema)
     with pytest.raises(LLMOutputError, match="a should be string or null"):
         parse_json('{"a": 1, "b": "x"}', schema)
+
+
+@pytest.mark.parametrize("reported", [(-5, -5), (10**30, 10**30), ("many", None)])
+def test_a_custom_llms_implausible_usage_is_replaced_by_the_estimate(reported: tuple[Any, Any]) -> None:
+    """Not only OpenAICompatible: whatever LLM object pgr is given, its counts are checked the same way."""
+    from pgr_core.llm import LLM, Completion
+
+    class Boastful(LLM):
+        name = "boastful"
+
+        def __init__(self) -> None:
+            self.inner = ScriptedLLM(handler=sane)
+
+        def complete(self, messages: Any, *, schema: Any = None, max_tokens: int = 512, **kw: Any) -> Completion:
+            reply = self.inner.complete(messages, schema=schema, max_tokens=max_tokens)
+            return Completion(reply.text, Usage(*reported))  # type: ignore[arg-type]
+
+    result = PGR(make_store(), llm=Boastful(), strategy="tot").retrieve(
+        QUERY, scope=U1, budget=Budget(max_tokens=50_000)
+    )
+    usage = result.trace.usage
+    assert 0 < usage.prompt_tokens < 50_000 and 0 <= usage.completion_tokens < 50_000
+    assert usage.llm_calls >= 3 and not result.degraded
