@@ -2,8 +2,9 @@
 
 ``register(sub)`` adds them to the ``pgr`` parser (called from :func:`pgr_core.cli.build_parser`).
 A store file ``S`` keeps its ingestion ledger in ``S.ledger.jsonl`` and its consolidation journal in
-``S.journal.jsonl``, beside it (a directory store keeps its ledger in ``S/ledger.sqlite3``, see
-:func:`~pgr_core.write.ledger.ledger_path_for`). ``pgr ingest`` and ``pgr consolidate`` hold the
+``S.journal.jsonl``, beside it; a directory store keeps both in SQLite, ``S/ledger.sqlite3`` and
+``S/journal.sqlite3`` (see :func:`~pgr_core.write.ledger.ledger_path_for` and
+:func:`~pgr_core.write.consolidate.journal_path_for`). ``pgr ingest`` and ``pgr consolidate`` hold the
 store's lock (:class:`~pgr_core._filelock.StoreLock`) for the whole run, from before the store and
 its ledger are read until the last save: a second run on the same store waits up to
 ``--lock-timeout`` seconds, then stops with a one-line error naming the process that holds it.
@@ -69,19 +70,33 @@ def _checkpoint(store: Any, out: Path) -> Any:
     return None if _durable(store) else (lambda: store.save(out))
 
 
-def _beside(path: Path, suffix: str) -> Path:
-    """A file kept with the store: ``<file><suffix>`` beside a store file, ``<dir>/<suffix>`` (no
-    leading dot) inside a directory store."""
-    from .builtin import is_file_store
-
-    return path.with_name(path.name + suffix) if is_file_store(path) else path / suffix.lstrip(".")
-
-
 def _ledger_path(out: Path) -> Path:
     from .builtin import is_file_store
     from .write.ledger import ledger_path_for
 
     return ledger_path_for(out, directory=not is_file_store(out))
+
+
+def _journal(out: Path) -> Any:
+    """The store's consolidation journal (the caller closes it): ``<file>.journal.jsonl`` beside a store
+    file, ``<dir>/journal.sqlite3`` in a directory store. Swaps a ``<dir>/journal.jsonl`` written by an
+    older pgr left pending move into the SQLite journal (durably, before the old file is removed), so
+    they are rolled forward too."""
+    from .builtin import is_file_store
+    from .write.consolidate import Journal, journal_path_for, open_journal
+
+    directory = not is_file_store(out)
+    journal = open_journal(journal_path_for(out, directory=directory))
+    legacy = out / "journal.jsonl"
+    if directory and legacy.is_file():
+        try:
+            for swap, merged, originals in Journal(legacy).pending():
+                journal.intent(swap, merged, originals)
+        except BaseException:
+            journal.close()
+            raise
+        legacy.unlink()
+    return journal
 
 
 def _lock(out: Path, args: argparse.Namespace, what: str) -> Any:
@@ -106,15 +121,15 @@ def _guideline(path: Path | None) -> Any:
     return DEFAULT_GUIDELINE if path is None else Guideline.load(path)
 
 
-def _consolidator(store: Any, llm: LLM | None, out: Path, args: argparse.Namespace) -> Any:
-    from .write import Consolidator, Journal
+def _consolidator(store: Any, llm: LLM | None, out: Path, args: argparse.Namespace, journal: Any) -> Any:
+    from .write import Consolidator
 
     return Consolidator(
         store,
         llm,
         threshold=args.threshold,
         window_days=args.window_days,
-        journal=Journal(_beside(out, ".journal.jsonl")),
+        journal=journal,
         checkpoint=_checkpoint(store, out),
     )
 
@@ -150,18 +165,18 @@ def _ingest_locked(args: argparse.Namespace, users: list[Any], llm: LLM | None, 
 
 
 def _ingest_opened(args: argparse.Namespace, users: list[Any], llm: LLM | None, out: Path, store: Any) -> int:
-    from .write import Journal
     from .write.ledger import open_ledger
 
-    consolidator = None
-    if llm is not None and args.consolidate_every > 0:
-        consolidator = _consolidator(store, llm, out, args)
-    elif Journal(_beside(out, ".journal.jsonl")).pending():
-        consolidator = _consolidator(store, None, out, args)  # roll forward what a crash left behind
-    if consolidator is not None and consolidator.recovered:
-        _say(f"recovered {consolidator.recovered} interrupted consolidation swap(s)")
-    with open_ledger(_ledger_path(out)) as ledger:
-        return _ingest_run(args, users, llm, out, store, consolidator, ledger)
+    with _journal(out) as journal:
+        consolidator = None
+        if llm is not None and args.consolidate_every > 0:
+            consolidator = _consolidator(store, llm, out, args, journal)
+        elif journal.pending():
+            consolidator = _consolidator(store, None, out, args, journal)  # roll forward what a crash left
+        if consolidator is not None and consolidator.recovered:
+            _say(f"recovered {consolidator.recovered} interrupted consolidation swap(s)")
+        with open_ledger(_ledger_path(out)) as ledger:
+            return _ingest_run(args, users, llm, out, store, consolidator, ledger)
 
 
 def _ingest_run(
@@ -229,18 +244,19 @@ def _consolidate_opened(args: argparse.Namespace, out: Path, store: Any) -> int:
     llm = _llm(args)
     if llm is None:
         _say("no LLM configured: merged facts keep the most repeated (then latest) wording of their cluster")
-    consolidator = _consolidator(store, llm, out, args)
-    consolidator.include_turns = args.include_turns
-    if consolidator.recovered:
-        _say(f"recovered {consolidator.recovered} interrupted swap(s)")
-    users = args.user or users_of(store)
-    ledger_path = _ledger_path(out)
-    ledger = open_ledger(ledger_path) if ledger_path.exists() else None
-    try:
-        return _consolidate_users(args, out, store, consolidator, users, ledger)
-    finally:
-        if ledger is not None:
-            ledger.close()
+    with _journal(out) as journal:
+        consolidator = _consolidator(store, llm, out, args, journal)
+        consolidator.include_turns = args.include_turns
+        if consolidator.recovered:
+            _say(f"recovered {consolidator.recovered} interrupted swap(s)")
+        users = args.user or users_of(store)
+        ledger_path = _ledger_path(out)
+        ledger = open_ledger(ledger_path) if ledger_path.exists() else None
+        try:
+            return _consolidate_users(args, out, store, consolidator, users, ledger)
+        finally:
+            if ledger is not None:
+                ledger.close()
 
 
 def _consolidate_users(

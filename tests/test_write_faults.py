@@ -575,3 +575,220 @@ def test_consolidating_an_agents_scope_never_merges_two_users_facts() -> None:
         (merged,) = [f for f in store.facts if f.scope == owner]
         assert sorted(merged.metadata["merged_from"]) == [f"{who}:0", f"{who}:1"]
     assert Consolidator(store, None, threshold=0.7).consolidate(Scope(agent_id="bot")).merged == 0
+
+
+# =========================================================================== 8. the SQLite journal (directory stores)
+
+
+def _journal_fact(fid: str, text: str = "t") -> Fact:
+    return Fact(id=fid, text=text, scope=U, type="Activity", date=DAY0, metadata={"sessions": ["s1"]})
+
+
+def test_the_sqlite_journal_round_trips_intent_commit_and_pending_in_order(tmp_path: Path) -> None:
+    from pgr_core.write import SqliteJournal, open_journal
+    from pgr_core.write.consolidate import journal_path_for
+
+    path = tmp_path / "memory" / "journal.sqlite3"
+    swaps = {
+        s: (_journal_fact(f"m{s}", f"merged {s}"), [_journal_fact(f"{s}1"), _journal_fact(f"{s}2")]) for s in "abc"
+    }
+    with open_journal(path) as journal:
+        assert isinstance(journal, SqliteJournal) and journal.journal_mode == "wal"
+        for swap, (merged, originals) in swaps.items():
+            journal.intent(swap, merged, originals)
+        journal.commit("b")
+        journal.clear()  # something is pending: nothing is forgotten
+    with sqlite3.connect(path) as db:  # each intent and commit is a committed row, there at once
+        assert db.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 4
+    with SqliteJournal(path) as again:
+        pending = again.pending()
+        assert [swap for swap, _, _ in pending] == ["a", "c"]  # oldest first, b committed
+        for swap, merged, originals in pending:
+            assert merged.to_dict() == swaps[swap][0].to_dict()
+            assert [f.to_dict() for f in originals] == [f.to_dict() for f in swaps[swap][1]]
+        again.commit("c")
+        again.commit("a")
+        assert again.pending() == []
+        again.clear()
+    with SqliteJournal(path) as cleared:
+        assert cleared.pending() == []
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 0
+    assert journal_path_for(tmp_path / "memory") == path
+    assert journal_path_for(tmp_path / "m.pgr") == tmp_path / "m.pgr.journal.jsonl"
+    assert type(open_journal(tmp_path / "m.pgr.journal.jsonl")) is Journal
+    assert open_journal(None).path is None
+
+
+@pytest.mark.parametrize("point", ["intent", "added", "deleted", "checkpointed"])
+def test_a_kill_between_intent_and_commit_is_rolled_forward_from_the_sqlite_journal(tmp_path: Path, point: str) -> None:
+    from pgr_core.write import SqliteJournal
+
+    path, journal = tmp_path / "m.pgr", tmp_path / "journal.sqlite3"
+    clean = _tennis_store()
+    Consolidator(clean, None, threshold=0.7).consolidate(U)
+
+    store = _tennis_store()
+    store.save(path)
+    originals = sorted(f.id for f in store.facts_for(U))
+    swaps = {"n": 0}
+
+    def fault(at: str) -> None:
+        if at == point:
+            swaps["n"] += 1
+            if swaps["n"] == 2:
+                raise SystemExit(f"killed at {at}")
+
+    with pytest.raises(SystemExit):
+        Consolidator(
+            store, None, threshold=0.7, journal=SqliteJournal(journal), checkpoint=lambda: store.save(path), fault=fault
+        ).consolidate(U)
+    assert len(SqliteJournal(journal).pending()) == 1  # the intent was durable before the swap began
+    store = InMemoryStore.load(path, embedder=HashingEmbedder())
+    reopened = Consolidator(
+        store, None, threshold=0.7, journal=SqliteJournal(journal), checkpoint=lambda: store.save(path)
+    )
+    assert reopened.recovered == 1 and SqliteJournal(journal).pending() == []
+    for _ in range(2):  # then two more runs: nothing lost, nothing merged twice
+        store = InMemoryStore.load(path, embedder=HashingEmbedder())
+        Consolidator(
+            store, None, threshold=0.7, journal=SqliteJournal(journal), checkpoint=lambda s=store: s.save(path)
+        ).consolidate(U)
+    final = InMemoryStore.load(path, embedder=HashingEmbedder())
+    assert sorted(i for f in final.facts for i in f.metadata.get("merged_from") or [f.id]) == originals
+    assert _state(final) == _state(clean)
+
+
+def test_a_kill_9_mid_swap_on_a_directory_store_is_rolled_forward_by_the_next_consolidator(tmp_path: Path) -> None:
+    from pgr_core.builtin import open_store, save_copy
+    from pgr_core.write import SqliteJournal
+
+    out = tmp_path / "memory"
+    save_copy(_tennis_store(days=6), out)  # three facts, one cluster
+    with open_store(out, HashingEmbedder()) as store:
+        originals = sorted(f.id for f in store.facts_for(U))
+    script = (
+        "import os, signal, sys\n"
+        "from pgr_core import HashingEmbedder, Scope\n"
+        "from pgr_core.builtin import open_store\n"
+        "from pgr_core.write import Consolidator, open_journal\n"
+        "store = open_store(sys.argv[1], HashingEmbedder())\n"
+        "def fault(at):\n"
+        "    if at == 'added':\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "journal = open_journal(os.path.join(sys.argv[1], 'journal.sqlite3'))\n"
+        "Consolidator(store, None, threshold=0.7, journal=journal, fault=fault).consolidate(Scope(user_id='u1'))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=240)
+    assert run.returncode == -9, run.stderr
+    journal = out / "journal.sqlite3"
+    with SqliteJournal(journal) as left:
+        ((_, merged, _),) = left.pending()
+    with open_store(out, HashingEmbedder()) as store:
+        ids = {f.id for f in store.facts_for(U)}
+        assert merged.id in ids and len(ids) == 4  # the merged fact was added, no original deleted yet
+        with SqliteJournal(journal) as j:
+            assert Consolidator(store, None, threshold=0.7, journal=j).recovered == 1
+            assert j.pending() == []
+        facts = store.facts_for(U)
+    assert [f.id for f in facts] == [merged.id]
+    assert sorted(facts[0].metadata["merged_from"]) == originals == sorted(ids - {merged.id})
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("[1, 2]", "a JSON array, not a journal record"),
+        (42, "a JSON int, not a journal record"),
+        ('{"op": "intent", "swap": "x", "merged"', "not JSON"),
+        (b"\xff\xfe", "not JSON"),
+        (json.dumps({"op": "rollback", "swap": "x"}), "'op' must be"),
+        (json.dumps({"op": "commit", "swap": "x", "extra": 1}), r"unknown key\(s\) \['extra'\]"),
+        (json.dumps(_INTENT | {"merged": {"text": "no id"}}), "'merged' holds a fact that cannot be read"),
+    ],
+    ids=["array", "number", "cut-json", "blob", "bad-op", "unknown-key", "merged-unreadable"],
+)
+def test_a_corrupt_sqlite_journal_row_is_a_configuration_error_naming_file_row_and_what_to_do(
+    tmp_path: Path, bad: Any, says: str
+) -> None:
+    from pgr_core.write import SqliteJournal
+
+    path = tmp_path / "journal.sqlite3"
+    with SqliteJournal(path) as journal:
+        journal.commit("y")
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO records (record) VALUES (?)", (bad,))
+        db.execute("INSERT INTO records (record) VALUES (?)", (json.dumps({"op": "commit", "swap": "z"}),))
+    with pytest.raises(ConfigurationError, match=rf"{re.escape(str(path))} row 2: .*{says}.*move the journal away"):
+        SqliteJournal(path)
+
+
+def test_an_unusable_sqlite_journal_is_a_configuration_error(tmp_path: Path) -> None:
+    from pgr_core.write import SqliteJournal, open_journal
+
+    garbage = tmp_path / "journal.sqlite3"
+    garbage.write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(ConfigurationError, match=rf"{re.escape(str(garbage))} is not a usable SQLite journal"):
+        open_journal(garbage)
+    newer = tmp_path / "newer.sqlite3"
+    SqliteJournal(newer).close()
+    with sqlite3.connect(newer) as db:
+        db.execute("PRAGMA user_version=7")
+    with pytest.raises(ConfigurationError, match="journal format 7"):
+        SqliteJournal(newer)
+
+
+def test_pgr_ingest_and_consolidate_on_a_directory_store_keep_the_journal_in_sqlite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgr_core.builtin import open_store, save_copy
+    from pgr_core.write import SqliteJournal
+
+    monkeypatch.delenv("PGR_LLM_BASE_URL", raising=False)
+    data = _jsonl(tmp_path / "a.jsonl", {"u0": 2})
+    out = tmp_path / "memory"
+    assert main(_ingest_cmd(data, out)) == 0
+    assert (out / "journal.sqlite3").is_file() and not (out / "journal.jsonl").exists()
+    file_store = tmp_path / "m.pgr"
+    assert main(_ingest_cmd(data, file_store)) == 0  # a store file keeps its JSONL journal beside it
+    assert not (tmp_path / "m.pgr.journal.sqlite3").exists() and not (file_store / "journal.sqlite3").exists()
+
+    tennis = tmp_path / "tennis"
+    save_copy(_tennis_store(), tennis)
+    capsys.readouterr()
+    args = ["consolidate", "--store", str(tennis), "--embedder", "hashing", "--no-llm", "--threshold", "0.7"]
+    assert main([*args, "--json"]) == 0
+    (report,) = json.loads(capsys.readouterr()[0])["users"]
+    assert report["merged"] > 0
+    assert (tennis / "journal.sqlite3").is_file() and not (tennis / "journal.jsonl").exists()
+    with SqliteJournal(tennis / "journal.sqlite3") as journal:
+        assert journal.pending() == []
+    with open_store(tennis, HashingEmbedder()) as store:
+        assert len(store) == report["facts_after"]
+
+
+def test_a_swap_an_older_pgr_left_in_a_directory_stores_journal_jsonl_is_rolled_forward(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgr_core.builtin import open_store, save_copy
+
+    monkeypatch.delenv("PGR_LLM_BASE_URL", raising=False)
+    out = tmp_path / "memory"
+    save_copy(_tennis_store(days=6), out)  # three facts, one cluster
+
+    def fault(at: str) -> None:
+        if at == "added":
+            raise SystemExit("killed")
+
+    with open_store(out, HashingEmbedder()) as store:
+        originals = sorted(f.id for f in store.facts_for(U))
+        with pytest.raises(SystemExit):  # as pgr did before: the journal in <DIR>/journal.jsonl
+            Consolidator(store, None, threshold=0.7, journal=Journal(out / "journal.jsonl"), fault=fault).consolidate(U)
+        assert len(store) == 4  # the merged fact is in, the originals still there
+    capsys.readouterr()
+    assert main(["consolidate", "--store", str(out), "--embedder", "hashing", "--no-llm", "--threshold", "0.7"]) == 0
+    assert "recovered 1 interrupted swap" in capsys.readouterr().err
+    assert not (out / "journal.jsonl").exists() and (out / "journal.sqlite3").is_file()
+    with open_store(out, HashingEmbedder()) as store:
+        (merged,) = store.facts_for(U)
+    assert sorted(merged.metadata["merged_from"]) == originals

@@ -3,7 +3,8 @@
 - :class:`Ingestor` (``pgr ingest``): sessions in, facts out, through any writable store; raw turns
   without an LLM, typed facts with upserts under a guideline S with one. Idempotent and resumable.
 - :class:`Consolidator` (``pgr consolidate``): near-duplicates of the same week merged, one LLM call
-  per cluster, atomically through a write-ahead :class:`Journal`.
+  per cluster, atomically through a write-ahead :class:`Journal` (JSON lines) or
+  :class:`SqliteJournal` (a directory store's ``journal.sqlite3``; :func:`open_journal` picks by suffix).
 - :class:`Guideline`: the versioned text S of MemCoE's update M(t+1) = T(M(t), h(t); S).
 - :func:`~pgr_core.write.induction.induce` (``pgr guideline induce``): guideline induction from
   training examples (e.g. :func:`~pgr_core.write.examples.prefeval_examples`).
@@ -17,7 +18,7 @@
 
 from __future__ import annotations
 
-from .consolidate import ConsolidationReport, Consolidator, Journal
+from .consolidate import ConsolidationReport, Consolidator, Journal, SqliteJournal, open_journal
 from .examples import TrainingExample, prefeval_examples
 from .extract import ExtractedFact, Extraction, extract, parse_extraction
 from .guideline import DEFAULT_GUIDELINE, FACT_TYPES, Guideline, GuidelineError
@@ -45,6 +46,7 @@ __all__ = [
     "Ledger",
     "LedgerEntry",
     "Session",
+    "SqliteJournal",
     "TrainingExample",
     "Turn",
     "UserSessions",
@@ -53,6 +55,7 @@ __all__ = [
     "induce",
     "jsonl_sessions",
     "locomo_sessions",
+    "open_journal",
     "parse_extraction",
     "prefeval_examples",
     "raw_facts",

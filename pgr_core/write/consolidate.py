@@ -11,8 +11,10 @@ In the order it runs:
 4. the merged fact sums the frequencies, unions provenance and entities, and records the ids it
    replaces (``metadata["merged_from"]``), the texts of the original facts it stands for
    (``metadata["merged_texts"]``) and their first and last dates (``metadata["span"]``);
-5. the swap goes through a write-ahead :class:`Journal`: intent (the merged fact and the originals,
-   flushed to disk) → add the merged fact → delete the originals → checkpoint the store → commit.
+5. the swap goes through a write-ahead journal (:class:`Journal`, JSON lines beside a store file, or
+   :class:`SqliteJournal`, ``<dir>/journal.sqlite3`` in a directory store; :func:`open_journal` picks
+   by suffix): intent (the merged fact and the originals, durable on disk) → add the merged fact →
+   delete the originals → checkpoint the store → commit.
 
 Consolidation is a fixed point: a merged fact is compared through the original facts it stands for
 (similarity is the least over their texts, the window holds for its whole span, ``max_cluster``
@@ -29,27 +31,39 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from .._dates import parse_date
 from ..embedders import Embedder
-from ..errors import InvalidArgumentError, LLMError, LLMOutputError, PGRError
+from ..errors import ConfigurationError, InvalidArgumentError, LLMError, LLMOutputError, PGRError
 from ..llm import LLM, parse_json
 from ..prompts import render
 from ..types import Fact, Scope
 from .guideline import FACT_TYPES
-from .ledger import append_jsonl, read_jsonl_records
+from .ledger import SQLITE_SUFFIX, append_jsonl, read_jsonl_records
 from .sessions import scope_label
 from .stores import FactWriter, fact_from_dict, latest_date, writer_for
 
-__all__ = ["ConsolidationReport", "Consolidator", "Journal", "MERGE_SCHEMA", "listed_facts", "remove_owned"]
+__all__ = [
+    "ConsolidationReport",
+    "Consolidator",
+    "Journal",
+    "MERGE_SCHEMA",
+    "SqliteJournal",
+    "journal_path_for",
+    "listed_facts",
+    "open_journal",
+    "remove_owned",
+]
 
 MERGE_SCHEMA = {
     "type": "object",
@@ -77,11 +91,6 @@ class ConsolidationReport:
 
 
 _JOURNAL_KEYS = {"intent": {"op", "swap", "merged", "originals"}, "commit": {"op", "swap"}}
-_JOURNAL_ADVICE = (
-    "the journal holds consolidation swaps not yet finished: restore the line from a backup, or move "
-    "the journal away and check the store for facts a swap left half done (a merged fact next to the "
-    "facts named in its merged_from)"
-)
 
 
 def _check_journal_record(value: Any) -> str | None:
@@ -112,34 +121,65 @@ def _check_journal_record(value: Any) -> str | None:
     return None
 
 
+def _journal_advice(unit: str) -> str:
+    return (
+        f"the journal holds consolidation swaps not yet finished: restore the {unit} from a backup, or move "
+        "the journal away and check the store for facts a swap left half done (a merged fact next to the "
+        "facts named in its merged_from)"
+    )
+
+
+_JOURNAL_ADVICE = _journal_advice("line")
+
+
 class Journal:
     """Write-ahead record of cluster swaps: ``intent`` lines (with full facts) and ``commit`` lines.
 
     In memory when ``path`` is None. Each line is flushed and fsynced before the store is touched. A
     last line torn by a crash is skipped with a warning (its swap had not started) and cut off before
     the next line is written; any other unreadable line is a ConfigurationError naming the line.
+    :class:`SqliteJournal` keeps the same records in a SQLite database (directory stores);
+    :func:`open_journal` picks one by the path's suffix.
     """
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else None
-        self._lines: list[dict[str, Any]] = []
         self._cut_at: int | None = None
+        self._lines: list[dict[str, Any]] = self._load()
+
+    # ------------------------------------------------------------------ storage (what a subclass changes)
+
+    def _load(self) -> list[dict[str, Any]]:
+        if self.path is None or not self.path.exists():
+            return []
+        records, self._cut_at = read_jsonl_records(
+            self.path,
+            check=_check_journal_record,
+            advice=_JOURNAL_ADVICE,
+            torn_means="that swap had not started",
+        )
+        return [record for _, record in records]
+
+    def _persist(self, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        if self._cut_at is not None and self.path.exists() and self.path.stat().st_size > self._cut_at:
+            with self.path.open("r+b") as fh:  # a torn tail: the next line starts on its own
+                fh.truncate(self._cut_at)
+        self._cut_at = None
+        append_jsonl(self.path, [record])
+
+    def _erase(self) -> None:
+        self._cut_at = None
         if self.path is not None and self.path.exists():
-            records, self._cut_at = read_jsonl_records(
-                self.path,
-                check=_check_journal_record,
-                advice=_JOURNAL_ADVICE,
-                torn_means="that swap had not started",
-            )
-            self._lines = [record for _, record in records]
+            tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+            tmp.write_text("", encoding="utf-8")
+            tmp.replace(self.path)
+
+    # ------------------------------------------------------------------ the interface
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self.path is not None:
-            if self._cut_at is not None and self.path.exists() and self.path.stat().st_size > self._cut_at:
-                with self.path.open("r+b") as fh:  # a torn tail: the next line starts on its own
-                    fh.truncate(self._cut_at)
-            self._cut_at = None
-            append_jsonl(self.path, [record])
+        self._persist(record)  # durable first: memory never claims what the file does not hold
         self._lines.append(record)
 
     def intent(self, swap: str, merged: Fact, originals: Sequence[Fact]) -> None:
@@ -163,12 +203,126 @@ class Journal:
         """Forget committed history (only when nothing is pending)."""
         if self.pending():
             return
+        self._erase()
         self._lines = []
-        self._cut_at = None
-        if self.path is not None and self.path.exists():
-            tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-            tmp.write_text("", encoding="utf-8")
-            tmp.replace(self.path)
+
+    def close(self) -> None:
+        """Release the file (nothing to do for JSONL; the SQLite journal closes its connection)."""
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class SqliteJournal(Journal):
+    """The journal in a SQLite database (stdlib ``sqlite3``, WAL, ``synchronous=FULL``): the same
+    records as :class:`Journal`, one committed transaction per :meth:`intent` and :meth:`commit`, so an
+    intent is durable before its swap starts and a crash never leaves a torn record. For directory
+    stores (``<dir>/journal.sqlite3``). A row that cannot be read is a ConfigurationError naming the
+    file and the row.
+
+    >>> journal = SqliteJournal("memory/journal.sqlite3")  # doctest: +SKIP
+    """
+
+    _FORMAT = 1  # PRAGMA user_version
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None)  # transactions are explicit
+        except sqlite3.Error as exc:
+            raise self._unusable(exc) from exc
+        try:
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            self._db.execute("PRAGMA synchronous=FULL")  # a committed record survives power loss
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, self._FORMAT):
+                raise ConfigurationError(
+                    f"{self.path}: journal format {version}, this pgr reads format {self._FORMAT}; upgrade pgr, "
+                    "or move the journal away and check the store for facts a swap left half done"
+                )
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS records (seq INTEGER PRIMARY KEY AUTOINCREMENT, record TEXT NOT NULL)"
+            )
+            self._db.execute(f"PRAGMA user_version={self._FORMAT}")
+            self.journal_mode = str(mode).lower()
+            super().__init__(self.path)
+        except BaseException as exc:
+            self._db.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise self._unusable(exc) from exc
+            raise
+
+    def _unusable(self, exc: BaseException) -> ConfigurationError:
+        return ConfigurationError(
+            f"{self.path} is not a usable SQLite journal ({exc}); move it away, then check the store for facts "
+            "a swap left half done (a merged fact next to the facts named in its merged_from)"
+        )
+
+    def _load(self) -> list[dict[str, Any]]:
+        out = []
+        for seq, text in self._db.execute("SELECT seq, record FROM records ORDER BY seq").fetchall():
+            try:
+                value = json.loads(text)
+            except (TypeError, ValueError) as exc:  # not text, not UTF-8, not JSON
+                raise ConfigurationError(f"{self.path} row {seq}: not JSON ({exc}); {_journal_advice('row')}") from None
+            problem = _check_journal_record(value)
+            if problem:
+                raise ConfigurationError(f"{self.path} row {seq}: {problem}; {_journal_advice('row')}")
+            out.append(value)
+        return out
+
+    def _transaction(self, sql: str, params: tuple[Any, ...], what: str) -> None:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(sql, params)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise ConfigurationError(f"{self.path}: could not {what}: {exc}") from exc
+
+    def _persist(self, record: dict[str, Any]) -> None:
+        text = json.dumps(record, ensure_ascii=False)
+        self._transaction(
+            "INSERT INTO records (record) VALUES (?)", (text,), f"record the {record['op']} of {record['swap']}"
+        )
+
+    def _erase(self) -> None:
+        self._transaction("DELETE FROM records", (), "clear the journal")
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def open_journal(path: str | Path | None) -> Journal:
+    """The journal at ``path``: :class:`SqliteJournal` for a ``.sqlite3`` file, :class:`Journal` (JSON
+    lines) otherwise, in memory for None.
+
+    >>> open_journal(None).path is None
+    True
+    """
+    if path is None:
+        return Journal()
+    path = Path(path)
+    return SqliteJournal(path) if path.suffix == SQLITE_SUFFIX else Journal(path)
+
+
+def journal_path_for(store: str | Path, *, directory: bool | None = None) -> Path:
+    """Where the journal of the store at ``store`` lives: ``<dir>/journal.sqlite3`` for a directory store,
+    ``<file>.journal.jsonl`` beside a store file. ``directory`` says which when the store does not exist
+    yet (default: a path without a suffix is a directory)."""
+    store = Path(store)
+    if directory is None:
+        directory = store.is_dir() or (not store.exists() and not store.suffix)
+    return store / f"journal{SQLITE_SUFFIX}" if directory else store.with_name(store.name + ".journal.jsonl")
 
 
 # --------------------------------------------------------------------------- listing and deleting by owner
