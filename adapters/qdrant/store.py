@@ -25,6 +25,12 @@ refuses an id whose point another owner holds, and leaves that point as it was.
 Dates. A payload date without a timezone is read as UTC (:func:`pgr_core._dates.read_stored_date`), so
 every fact date this store returns is aware, and PGR reads a naive query date as UTC too: a collection
 holding both kinds (mem0's stamps next to dates other writers left naive) is searched, never refused.
+
+Hybrid. With ``sparse_vector=`` (a sparse vector of the collection holding BM25 of the text, best with
+``Modifier.IDF``), each probe searches the dense vector (with τ) and BM25 (without τ), both under the
+scope filter, fused by reciprocal rank in the same ``query_batch_points`` call, as
+:class:`pgr_core.edge.EdgeStore` does with ``hybrid=True``; writes add the BM25 document encoding.
+BM25 is computed in-process by ``qdrant_edge.Bm25`` (qdrant-edge-py).
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ TYPE_KEY = "type"
 _LLAMA_BOOKKEEPING = (NODE_CONTENT, "_node_type")
 _SAMPLE = 32  # points read to learn the payload layout
 _UPSERT_CHUNK = 256
+_INSTALL_BM25 = "pip install qdrant-edge-py (in pgr[local])"
 # Fact ids that are neither UUIDs nor unsigned ints become UUID5s in this namespace.
 _ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://pgr/qdrant/fact-id")
 
@@ -120,9 +127,24 @@ class QdrantStore(Store):
     ``QdrantClient`` for sync use). A remote async client's layout is read on the first async call,
     or by ``await store.ainspect()``.
 
+    - ``sparse_vector``: the name of the collection's sparse vector holding BM25 of the text (for
+      instance ``"bm25"``, with ``modifier=Modifier.IDF``); set, searches are hybrid (below) and
+      :meth:`upsert_facts` writes it too. The collection must have it (:class:`ConfigurationError`
+      names the sparse vectors it has); BM25 comes from ``qdrant_edge.Bm25`` (``pip install
+      qdrant-edge-py``, in ``pgr[local]``). Nothing else of the collection changes.
+
     Scores are the collection's own: cosine similarities for a Cosine collection
     (``capabilities.cosine_scores``); dot products for Dot; minus the distance for Euclid and
     Manhattan, where τ (``min_score``) is not applied because it is defined on cosine.
+
+    Hybrid (``sparse_vector=...``): each probe is one request of the round's ``query_batch_points``
+    call, with two prefetches under the same scope filter, the dense vector with ``score_threshold``
+    = τ and BM25 of the probe without one (``top_k`` each), fused by reciprocal rank
+    (``FusionQuery(fusion=Fusion.RRF)``), ``top_k`` kept. Scores are then RRF scores (on Qdrant's
+    default constant, at most 1.0 for a point first on both sides), not cosines: such an instance
+    declares ``capabilities.cosine_scores = False``, and τ only filters the dense side, so an exact
+    keyword match comes back even when its cosine is below τ. A probe with no BM25 term (stopwords
+    only) is fused over its dense side alone.
     """
 
     capabilities: ClassVar[Capabilities] = Capabilities(writable=True, dates=True)
@@ -142,6 +164,7 @@ class QdrantStore(Store):
         position_key: str = "position",
         date_keys: Sequence[str] = ("date", "created_at"),
         window: bool | None = None,
+        sparse_vector: str | None = None,
     ) -> None:
         if not isinstance(client, QdrantClient | AsyncQdrantClient):
             raise ConfigurationError(
@@ -161,6 +184,12 @@ class QdrantStore(Store):
         self._text_key = text_key
         self._vector_name = vector_name
         self._declared_window = window
+        if sparse_vector is not None and (not isinstance(sparse_vector, str) or not sparse_vector):
+            raise ConfigurationError(
+                f"sparse_vector must be the name of the collection's BM25 sparse vector, got {sparse_vector!r}"
+            )
+        self.sparse_vector = sparse_vector
+        self._bm25: Any = _bm25_model() if sparse_vector else None
         self._async = isinstance(client, AsyncQdrantClient)
         self._local = isinstance(getattr(client, "_client", None), QdrantLocal | AsyncQdrantLocal)
         self._layout: CollectionLayout | None = None
@@ -219,6 +248,8 @@ class QdrantStore(Store):
                 f"{getattr(self.embedder, 'name', type(self.embedder).__name__)} gives {self.embedder.dim}: "
                 "pass the embedder that filled the collection"
             )
+        if self.sparse_vector is not None:
+            self._check_sparse(info.config.params.sparse_vectors)
         payloads = [r.payload or {} for r in records]
         seen = tuple(sorted({k for p in payloads for k in p}))
         text_key = self._pick_text_key(payloads, seen)
@@ -254,6 +285,20 @@ class QdrantStore(Store):
             f"collection {self.collection!r} has several named vectors {sorted(named)}; choose one with vector_name=..."
         )
 
+    def _check_sparse(self, sparse: Any) -> None:
+        named = dict(sparse or {})
+        if self.sparse_vector not in named:
+            raise ConfigurationError(
+                f"collection {self.collection!r} has no sparse vector named {self.sparse_vector!r}; its sparse "
+                f"vectors are {sorted(named)}: pass sparse_vector=<one of them>, or leave it unset for dense search"
+            )
+        if getattr(named[self.sparse_vector], "modifier", None) != qm.Modifier.IDF:
+            logger.warning(
+                "sparse vector %r of collection %r has no IDF modifier: BM25 scores leave out term rarity",
+                self.sparse_vector,
+                self.collection,
+            )
+
     def _pick_text_key(self, payloads: list[dict[str, Any]], seen: tuple[str, ...]) -> str | None:
         if not payloads:  # an empty collection: writes will use "text" unless told otherwise
             return self._text_key
@@ -278,7 +323,8 @@ class QdrantStore(Store):
         self.capabilities = Capabilities(  # type: ignore[misc]
             writable=True,
             dates=True,
-            cosine_scores=layout.distance == qm.Distance.COSINE,
+            # hybrid scores are reciprocal-rank fusions, not cosines
+            cosine_scores=layout.distance == qm.Distance.COSINE and self.sparse_vector is None,
             window=layout.window,
             native_async=self._async,
         )
@@ -297,7 +343,7 @@ class QdrantStore(Store):
         layout = self._layout if self._layout and self._layout.text_key else self.inspect()
         if layout.text_key is None:  # still empty
             return [[] for _ in probes]
-        requests = self._requests(self.embedder.embed(probes), condition, params)
+        requests = self._requests(probes, self.embedder.embed(probes), condition, params)
         with self._backend("query_batch_points"):
             responses = self._sync.query_batch_points(self.collection, requests=requests)
         direct = self._direct(responses, scope)
@@ -327,7 +373,7 @@ class QdrantStore(Store):
         if layout.text_key is None:
             return [[] for _ in probes]
         vectors = await asyncio.to_thread(self.embedder.embed, probes)
-        requests = self._requests(vectors, condition, params)
+        requests = self._requests(probes, vectors, condition, params)
         async with self._abackend("query_batch_points"):
             responses = await self._aio.query_batch_points(self.collection, requests=requests)
         direct = self._direct(responses, scope)
@@ -368,10 +414,17 @@ class QdrantStore(Store):
             conditions.append(qm.FieldCondition(key=key, match=qm.MatchValue(value=value)))
         return conditions
 
-    def _requests(self, vectors: np.ndarray, condition: list[qm.Condition], params: SearchParams) -> list[Any]:
+    def _requests(
+        self, probes: Sequence[str], vectors: np.ndarray, condition: list[qm.Condition], params: SearchParams
+    ) -> list[Any]:
         layout = self.layout
         # τ is a cosine floor: meaningful for Cosine (and Dot on unit vectors), not for distances
         threshold = params.min_score if layout.distance in (qm.Distance.COSINE, qm.Distance.DOT) else None
+        if self.sparse_vector is not None:
+            return [
+                self._hybrid_request(probe, vector, condition, params, threshold)
+                for probe, vector in zip(probes, vectors, strict=True)
+            ]
         return [
             qm.QueryRequest(
                 query=np.asarray(vector, dtype=np.float32).tolist(),
@@ -384,8 +437,42 @@ class QdrantStore(Store):
             for vector in vectors
         ]
 
+    def _hybrid_request(
+        self,
+        probe: str,
+        vector: np.ndarray,
+        condition: list[qm.Condition],
+        params: SearchParams,
+        threshold: float | None,
+    ) -> qm.QueryRequest:
+        """Dense (τ) and BM25 (no τ) prefetches, each under the scope filter, fused by RRF."""
+        prefetch = [
+            qm.Prefetch(
+                query=np.asarray(vector, dtype=np.float32).tolist(),
+                using=self.layout.vector_name,
+                filter=qm.Filter(must=list(condition)),
+                limit=params.top_k,
+                score_threshold=threshold,
+            )
+        ]
+        terms = _sparse(self._bm25.embed_query(probe))
+        if terms is not None:  # a probe of stopwords only has no BM25 side
+            prefetch.append(
+                qm.Prefetch(
+                    query=terms, using=self.sparse_vector, filter=qm.Filter(must=list(condition)), limit=params.top_k
+                )
+            )
+        return qm.QueryRequest(
+            prefetch=prefetch,
+            query=qm.FusionQuery(fusion=qm.Fusion.RRF),
+            filter=qm.Filter(must=list(condition)),  # the fused level is scoped too
+            limit=params.top_k,
+            with_payload=True,
+        )
+
     def _direct(self, responses: Sequence[Any], scope: Scope) -> list[list[_Found]]:
-        sign = -1.0 if self.layout.distance in (qm.Distance.EUCLID, qm.Distance.MANHATTAN) else 1.0
+        distance = self.layout.distance in (qm.Distance.EUCLID, qm.Distance.MANHATTAN)
+        sign = -1.0 if distance and self.sparse_vector is None else 1.0  # RRF scores: higher is better
         out = []
         for response in responses:
             found: list[_Found] = []
@@ -661,13 +748,13 @@ class QdrantStore(Store):
                 payload[TYPE_KEY] = fact.type
             payload.update(fact.metadata)
             values = np.asarray(vector, dtype=np.float32).tolist()
-            points.append(
-                qm.PointStruct(
-                    id=self.point_id(fact.id),
-                    vector={layout.vector_name: values} if layout.vector_name else values,
-                    payload=payload,
-                )
-            )
+            point_vector: Any = {layout.vector_name: values} if layout.vector_name else values
+            if self.sparse_vector is not None:
+                point_vector = {layout.vector_name or "": values}  # "" is the unnamed dense vector
+                terms = _sparse(self._bm25.embed_document(fact.text))
+                if terms is not None:
+                    point_vector[self.sparse_vector] = terms
+            points.append(qm.PointStruct(id=self.point_id(fact.id), vector=point_vector, payload=payload))
         return points
 
     def _after_write(self, batch: list[Fact], layout: CollectionLayout) -> None:
@@ -699,7 +786,9 @@ class QdrantStore(Store):
 
         The collection has one dense vector (unnamed unless ``vector_name``) of ``dim`` floats and,
         on a Qdrant server, keyword indexes on the scope and session keys (local mode has no payload
-        indexes). Raises :class:`ConfigurationError` when the collection exists: wrap it instead.
+        indexes). With ``sparse_vector="bm25"`` among the store options it also has that sparse vector
+        (``Modifier.IDF``) and the store is hybrid. Raises :class:`ConfigurationError` when the
+        collection exists: wrap it instead.
 
         >>> store = QdrantStore.create_collection(QdrantClient(":memory:"), "memories", 384,
         ...                                       embedder=MiniLMEmbedder())  # doctest: +SKIP
@@ -722,12 +811,13 @@ class QdrantStore(Store):
                 )
             )
         vectors, indexes = cls._collection_spec(client, name, dim, embedder, vector_name, distance, store_options)
+        sparse = cls._sparse_spec(store_options)
         with _mapped(f"creating collection {name!r}"):
             if client.collection_exists(name):
                 raise ConfigurationError(
                     f"collection {name!r} exists already: wrap it with QdrantStore(client, {name!r}, embedder=...)"
                 )
-            client.create_collection(name, vectors_config=vectors)
+            client.create_collection(name, vectors_config=vectors, sparse_vectors_config=sparse)
             if payload_indexes and not isinstance(getattr(client, "_client", None), QdrantLocal):
                 for key, schema in indexes:
                     client.create_payload_index(name, field_name=key, field_schema=schema)
@@ -760,12 +850,13 @@ class QdrantStore(Store):
                 **store_options,
             )
         vectors, indexes = cls._collection_spec(client, name, dim, embedder, vector_name, distance, store_options)
+        sparse = cls._sparse_spec(store_options)
         with _mapped(f"creating collection {name!r}"):
             if await client.collection_exists(name):
                 raise ConfigurationError(
                     f"collection {name!r} exists already: wrap it with QdrantStore(client, {name!r}, embedder=...)"
                 )
-            await client.create_collection(name, vectors_config=vectors)
+            await client.create_collection(name, vectors_config=vectors, sparse_vectors_config=sparse)
             if payload_indexes and not isinstance(getattr(client, "_client", None), AsyncQdrantLocal):
                 for key, schema in indexes:
                     await client.create_payload_index(name, field_name=key, field_schema=schema)
@@ -777,6 +868,16 @@ class QdrantStore(Store):
     @staticmethod
     def _store_defaults(store_options: dict[str, Any]) -> dict[str, Any]:
         return {"text_key": "text", **store_options}
+
+    @staticmethod
+    def _sparse_spec(store_options: Mapping[str, Any]) -> dict[str, qm.SparseVectorParams] | None:
+        name = store_options.get("sparse_vector")
+        if name is None:
+            return None
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"sparse_vector must be a sparse vector name, got {name!r}")
+        _bm25_model()  # refuse before creating anything when qdrant-edge-py is missing
+        return {name: qm.SparseVectorParams(modifier=qm.Modifier.IDF)}
 
     @staticmethod
     def _collection_spec(
@@ -863,6 +964,25 @@ def _mapped(what: str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise StoreError(f"Qdrant {what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _bm25_model() -> Any:
+    """``qdrant_edge.Bm25()``, imported on first use: only a hybrid store needs qdrant-edge-py."""
+    try:
+        from qdrant_edge import Bm25
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"QdrantStore(sparse_vector=...) computes BM25 with qdrant-edge-py, which is not installed: {_INSTALL_BM25}"
+        ) from exc
+    return Bm25()
+
+
+def _sparse(vector: Any) -> qm.SparseVector | None:
+    """A ``qdrant_edge`` sparse vector as qdrant-client's; None when it has no terms."""
+    indices = [int(i) for i in vector.indices]
+    if not indices:
+        return None
+    return qm.SparseVector(indices=indices, values=[float(v) for v in vector.values])
 
 
 def _unique_point_ids(batch: Sequence[Fact]) -> list[int | str]:

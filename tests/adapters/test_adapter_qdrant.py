@@ -859,3 +859,148 @@ def test_mixed_naive_and_aware_payload_dates_answer_either_kind_of_query_date():
             assert dates["1"] == datetime(2025, 3, 1, 9, 30, tzinfo=UTC)  # naive in the payload: UTC
             assert dates["2"].utcoffset() == timedelta(hours=-8)  # aware: its own offset kept
             assert dates["3"] == datetime(2025, 3, 3, tzinfo=UTC)
+
+
+# ====================================================================== hybrid: BM25 + dense, fused by RRF
+
+
+def _keyword_corpus() -> tuple[TableEmbedder, list[Fact], str]:
+    """Twenty distractors whose vectors lie close to the probe's, and one fact that holds the probe's
+    rare word but whose vector is nearly orthogonal to it: dense search ranks it last (as in
+    tests/test_edge_store.py)."""
+    probe = "zephyrine"
+    q = HashingEmbedder(HASH_DIM).embed([probe])[0]  # TableEmbedder's fallback embeds the probe so
+    rng = np.random.default_rng(7)
+    table: dict[str, np.ndarray] = {}
+    facts = []
+    for i in range(20):
+        v = q + 0.4 * rng.standard_normal(q.shape).astype(np.float32) / np.sqrt(q.size)
+        text = f"note {i} about the garden and the weather"
+        table[text] = v / np.linalg.norm(v)
+        facts.append(Fact(id=f"d{i}", text=text, scope=ALICE))
+    far = rng.standard_normal(q.shape).astype(np.float32)
+    far -= (far @ q) * q
+    far = far / np.linalg.norm(far) + 0.05 * q
+    table["My cat is called Zephyrine"] = far / np.linalg.norm(far)
+    facts.append(Fact(id="cat", text="My cat is called Zephyrine", scope=ALICE))
+    return TableEmbedder(table, HASH_DIM), facts, probe
+
+
+def _dense_and_bm25_collection(client: QdrantClient, name: str = "hy") -> None:
+    """A collection as a user would make it: one unnamed dense vector and a "bm25" sparse vector (IDF)."""
+    client.create_collection(
+        name,
+        vectors_config=qm.VectorParams(size=HASH_DIM, distance=qm.Distance.COSINE),
+        sparse_vectors_config={"bm25": qm.SparseVectorParams(modifier=qm.Modifier.IDF)},
+    )
+
+
+def test_hybrid_finds_an_exact_keyword_match_that_dense_ranks_low():
+    client = QdrantClient(":memory:")
+    _dense_and_bm25_collection(client)
+    table, facts, probe = _keyword_corpus()
+    hy = QdrantStore(client, "hy", embedder=table, sparse_vector="bm25")
+    hy.upsert_facts(facts)
+    (cat,) = client.retrieve("hy", ids=[QdrantStore.point_id("cat")], with_vectors=True)
+    assert set(cat.vector) == {"", "bm25"} and cat.vector["bm25"].indices  # BM25 written beside the dense
+    info_before = client.get_collection("hy")
+    dense = QdrantStore(client, "hy", embedder=table)  # the same points, dense only
+
+    top3 = SearchParams(top_k=3, min_score=0.0)
+    assert "cat" not in [h.fact.id for h in dense.search_batch([probe], scope=ALICE, params=top3)[0]]
+    batches = _spy(client, "query_batch_points")
+    hits, garden = hy.search_batch([probe, "garden weather"], scope=ALICE, params=SearchParams(top_k=3, min_score=0.3))
+    # BM25's best and dense's best tie under RRF: the keyword match is in, at the top two (either order)
+    assert "cat" in [h.fact.id for h in hits[:2]] and len(hits) == 3
+    assert all(0 < h.score <= 1.0 for h in hits) and [h.rank for h in hits] == [0, 1, 2]  # RRF scores
+    assert "cat" not in [h.fact.id for h in garden]
+    assert hy.capabilities.cosine_scores is False and dense.capabilities.cosine_scores is True
+    assert type(hy).capabilities.cosine_scores is False  # the class default is untouched (per instance)
+
+    ((_, kwargs),) = batches  # every probe in one call
+    scoped = [qm.FieldCondition(key="user_id", match=qm.MatchValue(value="alice"))]
+    for request in kwargs["requests"]:
+        assert request.query == qm.FusionQuery(fusion=qm.Fusion.RRF) and request.limit == 3
+        assert request.with_payload is True and request.filter.must == scoped
+        dense_side, bm25_side = request.prefetch
+        assert dense_side.using is None and dense_side.score_threshold == 0.3 and dense_side.limit == 3
+        assert bm25_side.using == "bm25" and bm25_side.score_threshold is None and bm25_side.limit == 3
+        assert isinstance(bm25_side.query, qm.SparseVector)
+        assert dense_side.filter.must == scoped and bm25_side.filter.must == scoped  # never unscoped
+
+    assert hy.search_batch([probe], scope=Scope(user_id="bob"), params=top3) == [[]]
+    # a probe of stopwords only has no BM25 terms: fused over its dense side alone
+    assert len(hy.search_batch(["the and"], scope=ALICE, params=top3)[0]) == 3
+    assert client.get_collection("hy").config == info_before.config  # the collection itself unchanged
+
+
+def test_hybrid_never_crosses_scopes():
+    client = QdrantClient(":memory:")
+    _dense_and_bm25_collection(client)
+    store = QdrantStore(client, "hy", embedder=HashingEmbedder(HASH_DIM), sparse_vector="bm25")
+    planner = Scope(user_id="alice", agent_id="planner")
+    store.upsert_facts(
+        [
+            Fact(id="a1", text="alice's cat Zephyrine sleeps all day", scope=ALICE),
+            Fact(id="a2", text="alice repots the garden basil", scope=ALICE),
+            Fact(id="p1", text="planner: book the vet for Zephyrine", scope=planner),
+            Fact(id="b1", text="bob's parrot is also named Zephyrine", scope=BOB),
+            Fact(id="b2", text="Zephyrine Zephyrine Zephyrine", scope=BOB),
+        ]
+    )
+    sparse = client.retrieve("hy", ids=[QdrantStore.point_id("b2")], with_vectors=True)[0].vector["bm25"]
+    client.upsert(  # a point other writers left with a list owner: it answers nobody
+        "hy",
+        points=[
+            qm.PointStruct(
+                id=900,
+                vector={"": HashingEmbedder(HASH_DIM).embed(["Zephyrine"])[0].tolist(), "bm25": sparse},
+                payload={"text": "Zephyrine", "user_id": ["alice", "bob"]},
+            )
+        ],
+    )
+    params = SearchParams(top_k=10, min_score=0.0)
+    for scope, mine in ((ALICE, {"a1", "a2", "p1"}), (planner, {"p1"}), (BOB, {"b1", "b2"})):
+        (hits,) = store.search_batch(["Zephyrine"], scope=scope, params=params)
+        assert hits and {h.fact.id for h in hits} <= mine, scope
+        assert all(scope.allows(h.fact.scope) for h in hits)
+    assert store.out_of_scope_dropped == 2  # the list-owned point, for alice and for bob (planner's filter misses it)
+    result = PGR(store, strategy="facet", min_score=0.0).retrieve("What is Zephyrine?", scope=BOB)
+    assert result.facts and {f.fact.id for f in result.facts} <= {"b1", "b2"}
+    with pytest.raises(ScopeError):  # a scope the store cannot filter on is refused, not loosened
+        QdrantStore(
+            client, "hy", embedder=HashingEmbedder(HASH_DIM), sparse_vector="bm25", scope_fields={"user_id": "user_id"}
+        ).search_batch(["Zephyrine"], scope=planner, params=params)
+
+
+def test_a_missing_sparse_vector_is_refused_at_wrap_time(monkeypatch):
+    client = QdrantClient(":memory:")
+    _dense_and_bm25_collection(client)
+    client.create_collection("dense", vectors_config=qm.VectorParams(size=HASH_DIM, distance=qm.Distance.COSINE))
+    before = client.get_collection("hy").config
+    with pytest.raises(ConfigurationError, match=r"no sparse vector named 'text-sparse'.*\['bm25'\]"):
+        QdrantStore(client, "hy", embedder=HashingEmbedder(HASH_DIM), sparse_vector="text-sparse")
+    with pytest.raises(ConfigurationError, match=r"no sparse vector named 'bm25'.*are \[\]"):
+        QdrantStore(client, "dense", embedder=HashingEmbedder(HASH_DIM), sparse_vector="bm25")
+    with pytest.raises(ConfigurationError, match="sparse_vector must be"):
+        QdrantStore(client, "hy", embedder=HashingEmbedder(HASH_DIM), sparse_vector="")
+    assert client.get_collection("hy").config == before and client.get_collection("dense").points_count == 0
+
+    monkeypatch.setitem(sys.modules, "qdrant_edge", None)  # qdrant-edge-py not installed
+    with pytest.raises(ConfigurationError, match=r"pip install qdrant-edge-py \(in pgr\[local\]\)"):
+        QdrantStore(client, "hy", embedder=HashingEmbedder(HASH_DIM), sparse_vector="bm25")
+    with pytest.raises(ConfigurationError, match="qdrant-edge-py"):
+        QdrantStore.create_collection(client, "new", HASH_DIM, embedder=HashingEmbedder(HASH_DIM), sparse_vector="bm25")
+    assert not client.collection_exists("new")  # refused before anything was created
+    assert QdrantStore(client, "hy", embedder=HashingEmbedder(HASH_DIM)).capabilities.cosine_scores  # dense: fine
+
+
+def test_create_collection_with_a_sparse_vector_searches_hybrid_on_an_async_client():
+    client = AsyncQdrantClient(":memory:")
+    table, facts, probe = _keyword_corpus()
+    store = QdrantStore.create_collection(client, "facts", HASH_DIM, embedder=table, sparse_vector="bm25")
+    info = asyncio.run(client.get_collection("facts"))
+    assert info.config.params.sparse_vectors == {"bm25": qm.SparseVectorParams(modifier=qm.Modifier.IDF)}
+    asyncio.run(store.aupsert_facts(facts))
+    (hits,) = asyncio.run(store.asearch_batch([probe], scope=ALICE, params=SearchParams(top_k=3, min_score=0.3)))
+    assert "cat" in [h.fact.id for h in hits[:2]] and not store.capabilities.cosine_scores
