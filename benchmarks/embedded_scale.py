@@ -9,6 +9,7 @@ are noisy). Nothing here is asserted: the script prints a table (and ``--json``)
 
 Scenarios, each with random unit vectors of ``--dim`` (384, MiniLM's size) except the last:
 
+- ``small-tenants``: ``--small-tenants`` × ``--per-tenant`` facts (small enough for Qdrant local mode);
 - ``tenants``: ``--tenants`` × ``--per-tenant`` facts, one owner each (``Scope(user_id=...)``);
 - ``one-tenant``: ``--one-tenant`` facts of a single owner (HNSW matters here);
 - ``real``: ANN recall@5 of EdgeStore's HNSW against the exact top 5 (numpy over the same vectors) on
@@ -408,6 +409,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--small-tenants", type=int, default=200, help="tenants of a scenario Qdrant local also runs")
     ap.add_argument("--tenants", type=int, default=1000)
     ap.add_argument("--per-tenant", type=int, default=100)
     ap.add_argument("--one-tenant", type=int, default=50_000, help="facts of the single-tenant scenario (0: skip)")
@@ -423,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="pgr-scale-"))
     report: dict[str, Any] = {}
+    if args.small_tenants:  # small enough for Qdrant local mode too: all three stores side by side
+        report[f"{args.small_tenants:,} tenants × {args.per_tenant} facts"] = scenario(
+            "small-tenants", args.small_tenants, args.per_tenant, args, work)
     if args.tenants:
         report[f"{args.tenants:,} tenants × {args.per_tenant} facts"] = scenario(
             "tenants", args.tenants, args.per_tenant, args, work)

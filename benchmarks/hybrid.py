@@ -35,10 +35,11 @@ SETS = {
 def run(name: str, args: argparse.Namespace, model: Any, work: Path) -> dict[str, Any]:
     kind, rel = SETS[name]
     data = load_set(kind, args.data / rel)
+    questions = [q for q in data.questions if q.gold]  # recall needs gold facts
     facts = list(data.facts)
-    print(f"{name}: {len(facts):,} facts, {len(data.questions):,} questions", file=sys.stderr, flush=True)
+    print(f"{name}: {len(facts):,} facts, {len(questions):,} questions with gold", file=sys.stderr, flush=True)
     vectors = embed_in_chunks(model.embed, [f.text for f in facts], f"{name}: embedding facts", dim=model.dim)
-    out: dict[str, Any] = {"facts": len(facts), "questions": len(data.questions)}
+    out: dict[str, Any] = {"facts": len(facts), "questions": len(questions)}
     k_max = max(args.k)
     for hybrid in (False, True):
         label = "hybrid" if hybrid else "dense"
@@ -46,14 +47,14 @@ def run(name: str, args: argparse.Namespace, model: Any, work: Path) -> dict[str
             store.add_facts(facts, vectors=vectors)
             recalls: dict[int, list[float]] = {k: [] for k in args.k}
             t0 = time.perf_counter()
-            for q in data.questions:
+            for q in questions:
                 hits = store.search_batch([q.question], scope=q.scope, params=SearchParams(top_k=k_max, min_score=0.0))
                 ids = [h.fact.id for h in hits[0]]
                 for k in args.k:
                     recalls[k].append(recall_at(ids, q.gold, k, missing=q.missing))
             seconds = time.perf_counter() - t0
         out[label] = {f"recall@{k}": statistics.fmean(v) for k, v in recalls.items() if v}
-        out[label]["ms_per_question"] = 1000 * seconds / max(1, len(data.questions))
+        out[label]["ms_per_question"] = 1000 * seconds / max(1, len(questions))
     return out
 
 
