@@ -154,3 +154,36 @@ def test_llm_timeout_holds_when_the_url_comes_from_the_environment(monkeypatch: 
         llm = _llm_of([*argv, "--llm-timeout", "7"], monkeypatch)
         assert isinstance(llm, OpenAICompatible) and llm.timeout == 7.0, name
         assert _llm_of(argv, monkeypatch).timeout == 60.0, name  # type: ignore[attr-defined]  # the variable's
+
+
+def _retrieve_json(capsys: pytest.CaptureFixture[str], store: Path, user: str = "maya") -> dict:
+    args = ["retrieve", "Should I join a soccer league?", "--store", str(store), "--user", user,
+            "--embedder", "hashing", "--json"]
+    assert main(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_directory_store_from_the_demo_and_from_an_import_answers_as_the_file_does(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`pgr demo --save-store DIR` writes an EdgeStore; `pgr store import FILE --out DIR` copies a .pgr file
+    into one; `pgr retrieve` gives the same facts from all three, and nothing to another user."""
+    html = str(tmp_path / "t.html")
+    _demo_json(capsys, "--embedder", "hashing", "--save-store", str(tmp_path / "maya.pgr"), "--html", html)
+    _demo_json(capsys, "--embedder", "hashing", "--save-store", str(tmp_path / "maya-dir"), "--html", html)
+    assert (tmp_path / "maya-dir" / "meta.json").exists() and (tmp_path / "maya-dir").is_dir()
+    assert main(["store", "import", str(tmp_path / "maya.pgr"), "--out", str(tmp_path / "imported"),
+                 "--embedder", "hashing"]) == 0
+    assert "imported 180 facts" in capsys.readouterr().out
+    from_file = _retrieve_json(capsys, tmp_path / "maya.pgr")
+    for store in (tmp_path / "maya-dir", tmp_path / "imported"):
+        got = _retrieve_json(capsys, store)
+        assert [f["id"] for f in got["facts"]] == [f["id"] for f in from_file["facts"]]
+        assert _retrieve_json(capsys, store, user="someone-else")["facts"] == []
+    # importing into a store that exists is refused, and the store is unchanged
+    assert main(["store", "import", str(tmp_path / "maya.pgr"), "--out", str(tmp_path / "imported"),
+                 "--embedder", "hashing"]) == 2
+    assert "must be a new (or empty) directory" in capsys.readouterr().err
+    assert [f["id"] for f in _retrieve_json(capsys, tmp_path / "imported")["facts"]] == [
+        f["id"] for f in from_file["facts"]
+    ]
