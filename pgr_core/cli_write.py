@@ -56,6 +56,8 @@ def _store(path: Path, embedder_name: str, *, create: bool, lock_timeout: float 
 
 def users_of(store: Any) -> list[str]:
     """The user ids that own facts in an embedded store, sorted."""
+    if callable(getattr(store, "user_ids", None)):
+        return list(store.user_ids())
     owners = store.scopes() if callable(getattr(store, "scopes", None)) else {f.scope for f in store.facts}
     return sorted({s.user_id for s in owners if s.user_id})
 

@@ -691,6 +691,15 @@ class EdgeStore(Store):
         owners = {_owner(r.payload or {}) for r in records}
         return sorted(owners, key=lambda s: tuple((v is not None, v or "") for v in (s.user_id, s.agent_id, s.run_id)))
 
+    def user_ids(self) -> list[str]:
+        """The distinct ``user_id`` values that own facts, sorted: one facet call on the tenant index
+        (its cost grows with the number of users, not of facts, unlike :meth:`scopes`)."""
+        edge = self._edge
+        with self._shard() as shard, _backend("listing users"):
+            limit = max(1, len(self))
+            response = shard.facet(edge.FacetRequest(key="user_id", limit=limit, exact=True))
+        return sorted(str(hit.value) for hit in response.hits if isinstance(hit.value, str) and hit.value)
+
     def _resolve(self, shard: Any, ids: list[str], scope: Scope, *, with_vector: bool) -> dict[str, Any]:
         """fact id -> the one record it names within ``scope`` (see :meth:`get`)."""
         if not ids:

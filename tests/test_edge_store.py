@@ -476,3 +476,12 @@ def test_import_pgr_keeps_every_fact_and_vector_and_ranks_alike(tmp_path: Path) 
         store.close()
     with pytest.raises(ConfigurationError, match="already holds an EdgeStore"):
         EdgeStore.import_pgr(pgr_file, tmp_path / "new", embedder=HashingEmbedder())
+
+
+def test_user_ids_lists_each_owning_user_once_from_the_tenant_index(tmp_path: Path) -> None:
+    with _open(tmp_path / "s") as store:
+        assert store.user_ids() == []
+        store.add_facts(_turns(ALICE, "s1", ["knee", "bus"], "a") + _turns(BOB, "s2", ["van"], "b"))
+        store.add_facts([Fact(id="ag", text="planner notes", scope=ALICE_AGENT)])
+        store.add_facts([Fact(id="bot", text="agent-wide note", scope=Scope(agent_id="planner"))])
+        assert store.user_ids() == sorted({s.user_id for s in store.scopes() if s.user_id}) == ["alice", "bob"]
