@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 __all__ = ["OneLineParser", "nonnegative_float", "nonnegative_int", "positive_int", "unit_float"]
 
@@ -18,39 +19,26 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _number(text: str, kind: type) -> float:
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
+def _bounded(kind: type, low: float, high: float | None, what: str) -> Callable[[str], Any]:
+    """An argparse type: ``kind`` (int or float) read from the text, finite, within [low, high]."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}"
+            ) from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {what}")
+        return value
+
+    return parse
 
 
-def nonnegative_float(text: str) -> float:
-    value = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return float(value)
-
-
-def unit_float(text: str) -> float:
-    value = _number(text, float)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 1")
-    return float(value)
-
-
-def nonnegative_int(text: str) -> int:
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 0")
-    return int(value)
-
-
-def positive_int(text: str) -> int:
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
-    return int(value)
+nonnegative_float = _bounded(float, 0.0, None, ">= 0")
+unit_float = _bounded(float, 0.0, 1.0, "between 0 and 1")
+nonnegative_int = _bounded(int, 0, None, "an integer >= 0")
+positive_int = _bounded(int, 1, None, "an integer >= 1")

@@ -36,12 +36,34 @@ _REGISTRY_LOCK = threading.Lock()
 
 class _Entry:
     """One lock file's state in this process: flock is per open file, so every StoreLock on one path
-    shares a single descriptor; a thread re-enters freely, another thread of the process waits."""
+    shares a single descriptor. The thread that took it re-enters freely, another thread of the process
+    waits; any thread may release it (a store is closed by whichever thread drops it last)."""
 
     def __init__(self) -> None:
-        self.rlock = threading.RLock()
+        self.cond = threading.Condition()
+        self.owner: int | None = None  # the thread that took it
         self.fd: int | None = None
         self.depth = 0
+
+    def enter(self, timeout_s: float | None) -> bool:
+        """Take the in-process part (re-entrantly for its owner); False after ``timeout_s``."""
+        me = threading.get_ident()
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.depth == 0 or self.owner == me, timeout_s):
+                return False
+            self.owner = me
+            self.depth += 1
+            return True
+
+    def leave(self) -> bool:
+        """Undo one :meth:`enter`; True when that was the last, so the file lock goes too."""
+        with self.cond:
+            self.depth -= 1
+            if self.depth:
+                return False
+            self.owner = None
+            self.cond.notify_all()
+            return True
 
 
 _REGISTRY: dict[str, _Entry] = {}
@@ -84,11 +106,8 @@ class StoreLock:
         self.timeout_s = timeout_s
         self.what = what
         self._held = 0
-
-    def _entry(self) -> _Entry:
-        key = str(self.path.resolve())
-        with _REGISTRY_LOCK:
-            return _REGISTRY.setdefault(key, _Entry())
+        with _REGISTRY_LOCK:  # one entry per lock file in this process, whatever path names it
+            self._shared = _REGISTRY.setdefault(str(self.path.resolve()), _Entry())
 
     def _refuse(self) -> StoreLockedError:
         holder = read_holder(self.path)
@@ -105,54 +124,58 @@ class StoreLock:
         )
 
     def acquire(self) -> StoreLock:
-        entry = self._entry()
+        entry = self._shared
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        if not entry.rlock.acquire(timeout=-1 if self.timeout_s is None else self.timeout_s):
+        if not entry.enter(self.timeout_s):
             raise self._refuse()
         try:
-            if entry.depth == 0:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-                try:
-                    while fcntl is not None:
-                        try:
-                            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                            break
-                        except OSError as exc:
-                            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                                raise
-                            if deadline is not None and time.monotonic() >= deadline:
-                                raise self._refuse() from None
-                            time.sleep(0.05)
-                    info = {"pid": os.getpid(), "host": socket.gethostname(), "what": self.what,
-                            "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
-                    os.ftruncate(fd, 0)
-                    os.pwrite(fd, json.dumps(info).encode(), 0)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                entry.fd = fd
-            entry.depth += 1
+            if entry.fd is None:
+                entry.fd = self._lock_file(deadline)
         except BaseException:
-            entry.rlock.release()
+            entry.leave()
             raise
         self._held += 1
         return self
 
+    def _lock_file(self, deadline: float | None) -> int:
+        """The OS lock on the lock file, waiting until ``deadline``; writes who holds it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            while fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                        raise
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise self._refuse() from None
+                    time.sleep(0.05)
+            info = {"pid": os.getpid(), "host": socket.gethostname(), "what": self.what,
+                    "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def release(self) -> None:
+        """Undo one :meth:`acquire` of this object; from any thread (a store closed by the collector)."""
         if not self._held:
             return
-        entry = self._entry()
-        entry.depth -= 1
         self._held -= 1
-        if entry.depth == 0 and entry.fd is not None:
-            fd, entry.fd = entry.fd, None
-            try:
-                os.ftruncate(fd, 0)
-            except OSError:
-                pass
-            os.close(fd)  # closing drops the flock
-        entry.rlock.release()
+        entry = self._shared
+        with entry.cond:  # the descriptor is closed before another thread may take the entry
+            if entry.depth == 1 and entry.fd is not None:
+                fd, entry.fd = entry.fd, None
+                try:
+                    os.ftruncate(fd, 0)
+                except OSError:
+                    pass
+                os.close(fd)  # closing drops the flock
+            entry.leave()
 
     @property
     def held(self) -> bool:

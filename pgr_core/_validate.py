@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +19,7 @@ import numpy as np
 from .errors import InvalidArgumentError
 from .types import Fact, Scope
 
-__all__ = ["MAX_TEXT_CHARS", "check_fact", "check_facts", "check_vectors"]
+__all__ = ["MAX_TEXT_CHARS", "check_date_kind", "check_fact", "check_facts", "check_vectors"]
 
 MAX_TEXT_CHARS = 100_000  # one fact; anything longer is a document, not a memory
 
@@ -83,6 +83,28 @@ def check_facts(facts: Sequence[Any]) -> list[Fact]:
             raise InvalidArgumentError(f"fact id {f.id!r} appears twice in one batch with different owners")
         seen[f.id] = f.scope
     return out
+
+
+def check_date_kind(
+    batch: Sequence[Fact], aware: bool | None, stored: Callable[[], bool | None] | None = None
+) -> bool | None:
+    """All dates timezone-aware, or all naive: ``aware`` is the kind a store holds (None: not known;
+    ``stored()``, when given, reads it from the store once, at the first dated fact). Returns the kind
+    after ``batch``; a fact of the other kind is an InvalidArgumentError."""
+    for fact in batch:
+        for moment in (fact.date, fact.updated_at):
+            if moment is None:
+                continue
+            kind = moment.tzinfo is not None and moment.utcoffset() is not None
+            if aware is None:
+                aware = stored() if stored is not None else None
+                aware = kind if aware is None else aware
+            if kind != aware:
+                raise InvalidArgumentError(
+                    f"fact {fact.id!r} has a {'timezone-aware' if kind else 'naive'} date but this "
+                    f"store holds {'aware' if aware else 'naive'} ones; use one kind for all dates"
+                )
+    return aware
 
 
 def check_vectors(vectors: Any, rows: int, dim: int) -> np.ndarray:

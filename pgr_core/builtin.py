@@ -8,6 +8,8 @@ use; ``pgr store import`` moves one into a directory store).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,21 +50,28 @@ def open_store(
     return EdgeStore.open(path, embedder=embedder, create=create, lock_timeout_s=lock_timeout_s)
 
 
+@contextmanager
+def opened_store(
+    path: str | Path, embedder: Any = None, *, create: bool = False, lock_timeout_s: float | None = 30.0
+) -> Iterator[Any]:
+    """:func:`open_store` for a ``with`` block: a directory store is closed (its lock released) at the end."""
+    store = open_store(path, embedder, create=create, lock_timeout_s=lock_timeout_s)
+    try:
+        yield store
+    finally:
+        close = getattr(store, "close", None)
+        if callable(close):
+            close()
+
+
 def save_copy(store: Any, path: str | Path) -> Path:
     """Write every fact of the InMemoryStore ``store`` (with its vectors) to a store at ``path``: a
     ``.pgr`` file, or a new EdgeStore directory (closed again when written)."""
     path = Path(path)
     if is_file_store(path):
         return Path(store.save(path))
-    target = open_store(path, store.embedder, create=True)
-    try:
-        by_owner: dict[Any, list[Any]] = {}
-        for fact in store.facts:
-            by_owner.setdefault(fact.scope, []).append(fact)
-        for owner, facts in by_owner.items():  # each owner's facts with the vectors already computed
-            target.add_facts(facts, vectors=store.vectors_for([f.id for f in facts], scope=owner))
-    finally:
-        target.close()
+    with opened_store(path, store.embedder, create=True) as target:
+        target.add_from(store)
     return path
 
 

@@ -178,18 +178,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_retrieve(args: argparse.Namespace) -> int:
-    from .builtin import open_store
+    from .builtin import opened_store
 
     llm = _llm(args)
     if llm is None:
         _say(NO_LLM_NOTE)
-    store = open_store(args.store, _embedder(args.embedder), lock_timeout_s=args.lock_timeout)
-    try:
+    with opened_store(args.store, _embedder(args.embedder), lock_timeout_s=args.lock_timeout) as store:
         return _retrieve(args, store, llm)
-    finally:
-        close = getattr(store, "close", None)
-        if callable(close):
-            close()
 
 
 def cmd_store_import(args: argparse.Namespace) -> int:

@@ -16,6 +16,8 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +49,17 @@ def _llm(args: argparse.Namespace, *, required: str | None = None) -> LLM | None
     return llm
 
 
-def _store(path: Path, embedder_name: str, *, create: bool, lock_timeout: float | None = 30.0) -> Any:
-    from .builtin import open_store
+@contextmanager
+def _opened(out: Path, args: argparse.Namespace, what: str, *, create: bool) -> Iterator[Any]:
+    """The store at ``out``, this process's own for the whole command: a store file under its lock
+    (taken before the store and its ledger are read), a directory store holding its own; closed at the end."""
+    from .builtin import opened_store
     from .cli import _embedder
 
-    return open_store(path, _embedder(embedder_name), create=create, lock_timeout_s=lock_timeout)
+    with _lock(out, args, what), opened_store(
+        out, _embedder(args.embedder), create=create, lock_timeout_s=args.lock_timeout
+    ) as store:
+        yield store
 
 
 def users_of(store: Any) -> list[str]:
@@ -152,18 +160,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         )
     llm = _llm(args, required="--mode extract") if args.mode == "extract" else None
     out: Path = args.out
-    with _lock(out, args, "pgr ingest"):  # before the store and its ledger are read
-        return _ingest_locked(args, users, llm, out)
-
-
-def _ingest_locked(args: argparse.Namespace, users: list[Any], llm: LLM | None, out: Path) -> int:
-    store = _store(out, args.embedder, create=True, lock_timeout=args.lock_timeout)
-    try:
+    with _opened(out, args, "pgr ingest", create=True) as store:
         return _ingest_opened(args, users, llm, out, store)
-    finally:
-        close = getattr(store, "close", None)
-        if callable(close):
-            close()
 
 
 def _ingest_opened(args: argparse.Namespace, users: list[Any], llm: LLM | None, out: Path, store: Any) -> int:
@@ -226,18 +224,8 @@ def _ingest_run(
 def cmd_consolidate(args: argparse.Namespace) -> int:
     """Merge near-duplicate facts of the same week in a store file, per user."""
     out: Path = args.store
-    with _lock(out, args, "pgr consolidate"):
-        return _consolidate_locked(args, out)
-
-
-def _consolidate_locked(args: argparse.Namespace, out: Path) -> int:
-    store = _store(out, args.embedder, create=False, lock_timeout=args.lock_timeout)
-    try:
+    with _opened(out, args, "pgr consolidate", create=False) as store:
         return _consolidate_opened(args, out, store)
-    finally:
-        close = getattr(store, "close", None)
-        if callable(close):
-            close()
 
 
 def _consolidate_opened(args: argparse.Namespace, out: Path, store: Any) -> int:

@@ -30,13 +30,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ._dates import DateLike, parse_date
 from ._filelock import StoreLock
-from ._validate import check_facts, check_vectors
+from ._validate import check_date_kind, check_facts, check_vectors
 from .caches import CachedEmbedder
 from .embedders import Embedder, default_embedder
 from .errors import ConfigurationError, InvalidArgumentError, PGRError, StoreError
-from .store import Store, validate_probes
+from .store import AddsOneFact, Store, validate_probes
 from .types import Capabilities, Fact, Hit, Scope, SearchParams
 
 __all__ = ["EdgeStore"]
@@ -124,44 +123,6 @@ class _Gate:
             return True
 
 
-class _LockHolder:
-    """Holds the store's :class:`StoreLock` on a thread of its own.
-
-    StoreLock's in-process part is an ``RLock``, which only the thread that took it may release; an
-    EdgeStore may be closed from any thread (a garbage collection, ``atexit``, an executor), so the
-    lock lives on this thread and is released there when :meth:`release` is called.
-    """
-
-    def __init__(self, target: Path, timeout_s: float | None) -> None:
-        self._ready = threading.Event()
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._hold, args=(target, timeout_s), name=f"pgr-edge-lock:{target.name}", daemon=True
-        )
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
-
-    def _hold(self, target: Path, timeout_s: float | None) -> None:
-        try:
-            lock = StoreLock(target, timeout_s=timeout_s, what="EdgeStore")
-            lock.acquire()
-        except BaseException as exc:  # handed to the opening thread
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        self._done.wait()
-        lock.release()
-
-    def release(self) -> None:
-        self._done.set()
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
-
-
 class _Resources:
     """What an open EdgeStore holds, apart from the store object, so a finalizer can close it."""
 
@@ -170,7 +131,7 @@ class _Resources:
         self.key = key
         self.gate = gate
         self.shard: Any = None
-        self.lock: _LockHolder | None = None
+        self.lock: StoreLock | None = None
 
     def close(self) -> None:
         try:
@@ -201,7 +162,7 @@ def _backend(what: str) -> Iterator[None]:
         raise StoreError(f"EdgeStore: {what} failed in the engine: {type(exc).__name__}: {exc}") from exc
 
 
-class EdgeStore(Store):
+class EdgeStore(AddsOneFact, Store):
     """Facts in an embedded Qdrant shard on disk: HNSW, payload indexes, a write-ahead log, in-process.
 
     Mirrors :class:`~pgr_core.memory.InMemoryStore`'s API, with one difference: a fact is identified by
@@ -264,6 +225,14 @@ class EdgeStore(Store):
         embedding_cache: int = 4096,
         sync_writes: bool = False,
     ) -> None:
+        """Open the store in directory ``path``, creating it (``create=True``) when the directory is
+        missing or empty.
+
+        ``embedder`` must be the one that wrote an existing store (name and dimension are checked);
+        ``hybrid`` (None: as stored, False for a new store) adds BM25 at creation; ``lock_timeout_s``
+        is how long to wait for another process holding the store (None: forever); ``sync_writes``
+        flushes every write to disk (see the class docstring).
+        """
         if not isinstance(sync_writes, bool):
             raise InvalidArgumentError(f"sync_writes must be true or false, got {sync_writes!r}")
         if isinstance(embedding_cache, bool) or not isinstance(embedding_cache, int) or embedding_cache < 0:
@@ -301,7 +270,7 @@ class EdgeStore(Store):
         self._last_flush = time.monotonic()
         self._aware: bool | None = None  # all dates timezone-aware, or all naive; None until known
         try:
-            self._res.lock = _LockHolder(root, lock_timeout_s)
+            self._res.lock = StoreLock(root, timeout_s=lock_timeout_s, what="EdgeStore").acquire()
             self._hybrid = self._open_or_create(create, hybrid)
         except BaseException:
             self._finalizer()
@@ -311,34 +280,9 @@ class EdgeStore(Store):
             self.__dict__["capabilities"] = Capabilities(writable=True, dates=True, cosine_scores=False, window=True)
 
     @classmethod
-    def open(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        embedder: Embedder | None = None,
-        create: bool = True,
-        hybrid: bool | None = None,
-        lock_timeout_s: float | None = 30.0,
-        embedding_cache: int = 4096,
-        sync_writes: bool = False,
-    ) -> EdgeStore:
-        """Open the store in directory ``path``, creating it (``create=True``) when the directory is
-        missing or empty.
-
-        ``embedder`` must be the one that wrote an existing store (name and dimension are checked);
-        ``hybrid`` (None: as stored, False for a new store) adds BM25 at creation; ``lock_timeout_s``
-        is how long to wait for another process holding the store (None: forever); ``sync_writes``
-        flushes every write to disk (see the class docstring).
-        """
-        return cls(
-            path,
-            embedder=embedder,
-            create=create,
-            hybrid=hybrid,
-            lock_timeout_s=lock_timeout_s,
-            embedding_cache=embedding_cache,
-            sync_writes=sync_writes,
-        )
+    def open(cls, path: str | os.PathLike[str], **options: Any) -> EdgeStore:
+        """``EdgeStore(path, **options)``, the name that reads well beside ``close()``."""
+        return cls(path, **options)
 
     # ------------------------------------------------------------------ opening and closing
 
@@ -488,31 +432,6 @@ class EdgeStore(Store):
 
     # ------------------------------------------------------------------ writing
 
-    def add(
-        self,
-        text: str,
-        *,
-        scope: Scope | Mapping[str, str],
-        date: DateLike | None = None,
-        type: str | None = None,
-        session_id: str | None = None,
-        position: int | None = None,
-        id: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Store one fact and return its id (a fresh UUID unless ``id`` is given)."""
-        fact = Fact(
-            id=id or uuid.uuid4().hex,
-            text=text,
-            scope=Scope.coerce(scope),
-            type=type,
-            date=parse_date(date, what="date"),
-            session_id=session_id,
-            position=position,
-            metadata=dict(metadata or {}),
-        )
-        return self.add_facts([fact])[0]
-
     def add_facts(self, facts: Iterable[Fact], *, vectors: Any = None) -> list[str]:
         """Store facts (one embedding batch) and return their ids; an (owner, id) that exists is replaced.
 
@@ -535,7 +454,7 @@ class EdgeStore(Store):
             embed = embedder.embed_uncached if isinstance(embedder, CachedEmbedder) else embedder.embed
             rows = check_vectors(embed([f.text for f in batch]), len(batch), dim)
         with self._shard() as shard, self._write_lock:
-            self._check_dates(shard, batch)
+            self._aware = check_date_kind(batch, self._aware, lambda: self._stored_kind(shard))
             points = self._points(batch, rows)
             with _backend(f"writing {len(points)} point(s)"):
                 for start in range(0, len(points), _UPSERT_CHUNK):
@@ -558,24 +477,6 @@ class EdgeStore(Store):
             latest.pop(pid, None)  # keep batch order for the survivor
             latest[pid] = edge.Point(pid, vector, _payload(fact, first + i))
         return list(latest.values())
-
-    def _check_dates(self, shard: Any, batch: list[Fact]) -> None:
-        """All dates timezone-aware, or all naive, as in InMemoryStore (under the write lock)."""
-        aware = self._aware
-        for fact in batch:
-            for moment in (fact.date, fact.updated_at):
-                if moment is None:
-                    continue
-                kind = moment.tzinfo is not None and moment.utcoffset() is not None
-                if aware is None:
-                    aware = self._stored_kind(shard)
-                    aware = kind if aware is None else aware
-                if kind != aware:
-                    raise InvalidArgumentError(
-                        f"fact {fact.id!r} has a {'timezone-aware' if kind else 'naive'} date but this "
-                        f"store holds {'aware' if aware else 'naive'} ones; use one kind for all dates"
-                    )
-        self._aware = aware
 
     def _stored_kind(self, shard: Any) -> bool | None:
         """Whether the store's dates are aware (True), naive (False) or absent (None): one small scroll."""
@@ -857,6 +758,16 @@ class EdgeStore(Store):
 
     # ------------------------------------------------------------------ import
 
+    def add_from(self, source: Any) -> int:
+        """Add every fact of the InMemoryStore ``source`` with the vectors it holds (nothing is
+        re-embedded), owner by owner; returns how many."""
+        by_owner: dict[Scope, list[Fact]] = {}
+        for fact in source.facts:
+            by_owner.setdefault(fact.scope, []).append(fact)
+        for owner, facts in by_owner.items():
+            self.add_facts(facts, vectors=source.vectors_for([f.id for f in facts], scope=owner))
+        return sum(map(len, by_owner.values()))
+
     @classmethod
     def import_pgr(
         cls,
@@ -880,11 +791,7 @@ class EdgeStore(Store):
             )
         store = cls(target, embedder=source.embedder, create=True, hybrid=hybrid, lock_timeout_s=lock_timeout_s)
         try:
-            by_owner: dict[Scope, list[Fact]] = {}
-            for fact in source.facts:
-                by_owner.setdefault(fact.scope, []).append(fact)
-            for owner, facts in by_owner.items():
-                store.add_facts(facts, vectors=source.vectors_for([f.id for f in facts], scope=owner))
+            store.add_from(source)
         except BaseException:
             store.close()
             raise

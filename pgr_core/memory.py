@@ -25,7 +25,6 @@ import re
 import stat
 import tempfile
 import threading
-import uuid
 import zipfile
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,13 +34,13 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from ._dates import DateLike, parse_date
+from ._dates import parse_date
 from ._filelock import StoreLock
-from ._validate import check_fact, check_facts, check_vectors
+from ._validate import check_date_kind, check_fact, check_facts, check_vectors
 from .caches import CachedEmbedder
 from .embedders import Embedder, default_embedder
 from .errors import ConfigurationError, InvalidArgumentError
-from .store import Store, validate_probes
+from .store import AddsOneFact, Store, validate_probes
 from .types import Capabilities, Fact, Hit, Scope, SearchParams
 
 __all__ = ["InMemoryStore"]
@@ -156,7 +155,7 @@ class _Block:
         return removed
 
 
-class InMemoryStore(Store):
+class InMemoryStore(AddsOneFact, Store):
     """Facts in memory with their unit vectors; search is one matrix product per owner and round.
 
     Keeps each fact's session and position, so the temporal window works. Save to and load from a
@@ -248,31 +247,6 @@ class InMemoryStore(Store):
 
     # ------------------------------------------------------------------ writing
 
-    def add(
-        self,
-        text: str,
-        *,
-        scope: Scope | Mapping[str, str],
-        date: DateLike | None = None,
-        type: str | None = None,
-        session_id: str | None = None,
-        position: int | None = None,
-        id: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Store one fact and return its id (a fresh UUID unless ``id`` is given)."""
-        fact = Fact(
-            id=id or uuid.uuid4().hex,
-            text=text,
-            scope=Scope.coerce(scope),
-            type=type,
-            date=parse_date(date, what="date"),
-            session_id=session_id,
-            position=position,
-            metadata=dict(metadata or {}),
-        )
-        return self.add_facts([fact])[0]
-
     def add_facts(self, facts: Iterable[Fact], *, vectors: np.ndarray | None = None) -> list[str]:
         """Store facts (one embedding batch). Adding an id its owner already holds replaces that fact;
         an id held by another owner is refused.
@@ -316,7 +290,7 @@ class InMemoryStore(Store):
         """Store a checked ``batch``; return the owners whose facts changed."""
         with self._lock:
             self._check_owners(batch)
-            aware = self._check_dates(batch)
+            aware = check_date_kind(batch, self._aware)
             groups: dict[Scope, list[int]] = {}
             for i, fact in enumerate(batch):
                 groups.setdefault(fact.scope, []).append(i)
@@ -377,23 +351,6 @@ class InMemoryStore(Store):
                     f"fact id {fact.id!r} belongs to another owner: ids are unique per owner, so this write "
                     "would replace someone else's fact; pick another id (or let add() make one)"
                 )
-
-    def _check_dates(self, batch: list[Fact]) -> bool | None:
-        """All dates timezone-aware, or all naive; returns the store's kind after ``batch``."""
-        aware = self._aware
-        for fact in batch:
-            for moment in (fact.date, fact.updated_at):
-                if moment is None:
-                    continue
-                kind = moment.tzinfo is not None and moment.utcoffset() is not None
-                if aware is None:
-                    aware = kind
-                elif kind != aware:
-                    raise InvalidArgumentError(
-                        f"fact {fact.id!r} has a {'timezone-aware' if kind else 'naive'} date but this "
-                        f"store holds {'aware' if aware else 'naive'} ones; use one kind for all dates"
-                    )
-        return aware
 
     # ------------------------------------------------------------------ searching
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from ._dates import DateLike, parse_date
 from .errors import ConfigurationError, InvalidArgumentError, StoreError
 from .types import Capabilities, Fact, Hit, Scope, SearchParams
 
-__all__ = ["ChangeListener", "Store", "validate_probes"]
+__all__ = ["AddsOneFact", "ChangeListener", "Store", "validate_probes"]
 
 #: Called after a write or deletion with the owners (scopes) of the facts that changed.
 ChangeListener = Callable[[frozenset[Scope]], object]
@@ -165,6 +167,39 @@ class Store(ABC):
                 f"{name} returned {len(leaked)} fact(s) outside scope {scope.as_dict()}; refusing to pass them on"
             )
         return checked
+
+
+class AddsOneFact:
+    """``add(text, scope=..., ...)`` for a store with ``add_facts``: one fact built from keywords."""
+
+    if TYPE_CHECKING:  # each store writes its own way
+
+        def add_facts(self, facts: Iterable[Fact], *, vectors: Any = None) -> list[str]: ...
+
+    def add(
+        self,
+        text: str,
+        *,
+        scope: Scope | Mapping[str, str],
+        date: DateLike | None = None,
+        type: str | None = None,
+        session_id: str | None = None,
+        position: int | None = None,
+        id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Store one fact and return its id (a fresh UUID unless ``id`` is given)."""
+        fact = Fact(
+            id=id or uuid.uuid4().hex,
+            text=text,
+            scope=Scope.coerce(scope),
+            type=type,
+            date=parse_date(date, what="date"),
+            session_id=session_id,
+            position=position,
+            metadata=dict(metadata or {}),
+        )
+        return self.add_facts([fact])[0]
 
 
 def _resolve(ref: Any) -> ChangeListener | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError, ScopeError
 
-__all__ = ["Budget", "Capabilities", "Fact", "Hit", "Scope", "SearchParams"]
+__all__ = ["Budget", "Capabilities", "Fact", "Hit", "Scope", "SearchParams", "owner_fields"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,28 @@ class Scope:
                 raise ScopeError(f"unknown scope keys {sorted(unknown)}; use user_id, agent_id, run_id")
             return cls(**value)
         raise ScopeError(f"scope must be a Scope or a mapping, not {type(value).__name__}")
+
+
+def owner_fields(source: Mapping[str, Any], keys: Mapping[str, str]) -> dict[str, str] | None:
+    """The scope fields a stored record names as its owner, read from ``source`` through ``keys``
+    (scope field -> the record's key): each a plain string, a blank one naming nothing. ``None`` when a
+    field is named ambiguously (a list, a number, a mapping: a keyword filter may match a list by any
+    element, so such a record would answer to several owners). Adapters build the owner Scope from it.
+
+    >>> owner_fields({"uid": "alice", "agent": ""}, {"user_id": "uid", "agent_id": "agent"})
+    {'user_id': 'alice'}
+    >>> owner_fields({"uid": ["alice", "bob"]}, {"user_id": "uid"}) is None
+    True
+    """
+    owner: dict[str, str] = {}
+    for name, key in keys.items():
+        value = source.get(key)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            continue
+        if not isinstance(value, str):
+            return None
+        owner[name] = value
+    return owner
 
 
 @dataclass(frozen=True)

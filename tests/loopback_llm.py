@@ -16,7 +16,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
@@ -248,3 +248,24 @@ class LoopbackLLM:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def sane(messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any] | None) -> Any:
+    """A well-behaved model, by the schema it is asked for: a restatement, one step per round (repeated
+    later, so rounds end), a summary, an answer. A ScriptedLLM handler."""
+    required = (schema or {}).get("required", [])
+    if "intent" in required:
+        return {"intent": "decide whether to join a soccer league this summer"}
+    if "nodes" in required:
+        return {"nodes": [{"id": "a", "parent": None, "action": "knee physio running", "dimension": "health"}]}
+    if "summary" in required:
+        return {"summary": "The knee injury matters most."}
+    return "Wait until your knee heals."
+
+
+def sane_reply(request: Request) -> Reply:
+    """:func:`sane` behind the loopback server (a ``LoopbackLLM.default``)."""
+    body = request.body or {}
+    schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
+    reply = sane(body.get("messages", []), schema)
+    return ok(reply if isinstance(reply, str) else json.dumps(reply))

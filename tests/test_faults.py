@@ -8,14 +8,13 @@ exactly what it held before.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from conftest import U1, U2, ScriptedProspector, make_store
-from loopback_llm import LoopbackLLM, Reply, Request, error, ok
+from loopback_llm import LoopbackLLM, Reply, error, sane, sane_reply
 
 from pgr_core import PGR, Budget, InMemoryStore, OpenAICompatible, RetrievalResult, Scope
 from pgr_core.testing import ScriptedLLM
@@ -23,18 +22,6 @@ from pgr_core.testing.faults import LLM_FAULTS, STORE_FAULTS, FaultyLLM, FaultyS
 
 QUERY = "Should I join a soccer league this summer?"
 SEED = 20260506
-
-
-def sane(messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any] | None) -> Any:
-    """A well-behaved model: a restatement, one step per round (repeated later, so rounds end)."""
-    required = (schema or {}).get("required", [])
-    if "intent" in required:
-        return {"intent": "decide whether to join a soccer league this summer"}
-    if "nodes" in required:
-        return {"nodes": [{"id": "a", "parent": None, "action": "knee physio running", "dimension": "health"}]}
-    if "summary" in required:
-        return {"summary": "The knee injury matters most."}
-    return "Wait until your knee heals."
 
 
 def snapshot(store: InMemoryStore) -> tuple[list[tuple[Any, ...]], bytes]:
@@ -224,18 +211,10 @@ def test_a_seeded_mix_of_every_fault_keeps_the_invariants_and_replays_exactly(st
 # ---------------------------------------------------------------- the same faults over real HTTP
 
 
-def _answer(request: Request) -> Reply:
-    """The loopback server as a well-behaved model (replies chosen by the schema asked for)."""
-    body = request.body or {}
-    schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
-    reply = sane(body.get("messages", []), schema)
-    return ok(reply if isinstance(reply, str) else json.dumps(reply))
-
-
 @pytest.fixture
 def server() -> Iterator[LoopbackLLM]:
     srv = LoopbackLLM().start()
-    srv.default = _answer
+    srv.default = sane_reply
     try:
         yield srv
     finally:

@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import tracemalloc
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import openai  # noqa: F401 - imported up front so no timing below includes the import
 import pytest
 from conftest import U1, make_store
-from loopback_llm import LoopbackLLM, Reply, Request, ok
+from loopback_llm import LoopbackLLM, Reply, Request, ok, sane, sane_reply
 
 from pgr_core import PGR, Budget, HashingEmbedder, InMemoryStore, OpenAICompatible, RetrievalResult, Scope
 from pgr_core.cli import main
@@ -41,25 +41,6 @@ HUGE_INT = "9" * 5000  # past Python's 4,300-digit limit: a ValueError in json.l
 BOUND_S = 10.0  # a call with a 2 s deadline (or timeout) ends well within this
 
 
-def sane(messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any] | None) -> Any:
-    """A well-behaved model (as in test_faults): a restatement, one step, a summary, an answer."""
-    required = (schema or {}).get("required", [])
-    if "intent" in required:
-        return {"intent": "decide whether to join a soccer league this summer"}
-    if "nodes" in required:
-        return {"nodes": [{"id": "a", "parent": None, "action": "knee physio running", "dimension": "health"}]}
-    if "summary" in required:
-        return {"summary": "The knee injury matters most."}
-    return "Wait until your knee heals."
-
-
-def _sane_reply(request: Request) -> Reply:
-    body = request.body or {}
-    schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
-    reply = sane(body.get("messages", []), schema)
-    return ok(reply if isinstance(reply, str) else json.dumps(reply))
-
-
 @pytest.fixture
 def store() -> Iterator[InMemoryStore]:
     store = make_store()
@@ -71,7 +52,7 @@ def store() -> Iterator[InMemoryStore]:
 @pytest.fixture
 def server() -> Iterator[LoopbackLLM]:
     srv = LoopbackLLM().start()
-    srv.default = _sane_reply
+    srv.default = sane_reply
     try:
         yield srv
     finally:
@@ -240,7 +221,7 @@ def test_answer_degrades_when_the_answer_reply_is_over_the_cap(store: InMemorySt
     def replies(request: Request) -> Reply:
         body = request.body or {}
         if body.get("response_format"):
-            return _sane_reply(request)
+            return sane_reply(request)
         return ok(answer_text)
 
     server.default = replies
@@ -337,12 +318,12 @@ def test_reported_usage_cannot_defeat_or_exhaust_max_tokens(
     store: InMemoryStore, server: LoopbackLLM, reported: int
 ) -> None:
     def lying(request: Request) -> Reply:
-        reply = _sane_reply(request)
+        reply = sane_reply(request)
         reply.body["usage"] = {"prompt_tokens": reported, "completion_tokens": reported}
         return reply
 
     def silent(request: Request) -> Reply:
-        reply = _sane_reply(request)
+        reply = sane_reply(request)
         del reply.body["usage"]  # no usage: pgr counts its estimate
         return reply
 

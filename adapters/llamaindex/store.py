@@ -48,7 +48,7 @@ from pgr_core._dates import read_stored_date
 from pgr_core.embedders import Embedder
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, PGRError, ScopeError, StoreError
 from pgr_core.store import Store, validate_probes
-from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams
+from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams, owner_fields
 
 __all__ = ["RetrieverStore"]
 
@@ -299,15 +299,9 @@ class RetrieverStore(Store):
         Under ``scope_filter`` or ``single_tenant_scope`` the scoping vouches for the fields a node's
         metadata leaves out; under metadata filters a missing key means the backend ignored the filter.
         """
-        metadata = node.metadata or {}
-        owner: dict[str, str] = {}
-        for field, key in self.scope_keys.items():
-            value = metadata.get(key)
-            if value is None or (isinstance(value, str) and not value.strip()):
-                continue
-            if not isinstance(value, str):
-                return None  # a list or a number names no one plainly: the node is nobody's
-            owner[field] = value
+        owner = owner_fields(node.metadata or {}, self.scope_keys)
+        if owner is None:
+            return None  # a list or a number names no one plainly: the node is nobody's
         if self.scoping != "metadata_filters":
             for field, value in scope.as_dict().items():
                 owner.setdefault(field, value)

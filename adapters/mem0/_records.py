@@ -19,7 +19,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from pgr_core._dates import read_stored_date
-from pgr_core.types import Fact, Scope
+from pgr_core.types import Fact, Scope, owner_fields
 
 __all__ = [
     "RELATION_TYPE",
@@ -76,14 +76,7 @@ def expired(payload: Mapping[str, Any]) -> bool:
 def owner_of(source: Mapping[str, Any]) -> Scope | None:
     """The owner a record (a point's payload or a ``search`` item) names, each id a plain string (a blank
     one names nothing); None when it names none, or names one ambiguously (a list, a number...)."""
-    ids: dict[str, str] = {}
-    for key in SCOPE_KEYS:
-        value = source.get(key)
-        if value is None or (isinstance(value, str) and not value.strip()):
-            continue
-        if not isinstance(value, str):
-            return None
-        ids[key] = value
+    ids = owner_fields(source, {key: key for key in SCOPE_KEYS})
     return Scope(**ids) if ids else None
 
 

@@ -56,7 +56,7 @@ from pgr_core._dates import read_stored_date
 from pgr_core.embedders import Embedder
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, PGRError, ScopeError, StoreError
 from pgr_core.store import Store, validate_probes
-from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams
+from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams, owner_fields
 
 __all__ = ["DEFAULT_SCOPE_FIELDS", "TEXT_KEYS", "CollectionLayout", "QdrantStore"]
 
@@ -488,14 +488,7 @@ class QdrantStore(Store):
         """The owner a point names: its scope fields, each a plain string (a blank one names nothing).
         ``None`` when it names none, or names one ambiguously (a list, a number, a mapping: Qdrant's
         keyword match matches a list by any element, so such a point would answer to several owners)."""
-        owner: dict[str, str] = {}
-        for field, key in self.scope_fields.items():
-            value = payload.get(key)
-            if value is None or (isinstance(value, str) and not value.strip()):
-                continue
-            if not isinstance(value, str):
-                return None
-            owner[field] = value
+        owner = owner_fields(payload, self.scope_fields)
         return Scope(**owner) if owner else None
 
     def _visible(self, points: Sequence[Any], scope: Scope) -> list[Any]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -44,12 +43,12 @@ import numpy as np
 
 from .._dates import parse_date
 from ..embedders import Embedder
-from ..errors import ConfigurationError, InvalidArgumentError, LLMError, LLMOutputError, PGRError
+from ..errors import InvalidArgumentError, LLMError, LLMOutputError, PGRError
 from ..llm import LLM, parse_json
 from ..prompts import render
 from ..types import Fact, Scope
 from .guideline import FACT_TYPES
-from .ledger import SQLITE_SUFFIX, append_jsonl, read_jsonl_records
+from .ledger import SQLITE_SUFFIX, SqliteRecords, append_jsonl, read_jsonl_records, store_file_path
 from .sessions import scope_label
 from .stores import FactWriter, fact_from_dict, latest_date, writer_for
 
@@ -228,78 +227,36 @@ class SqliteJournal(Journal):
     >>> journal = SqliteJournal("memory/journal.sqlite3")  # doctest: +SKIP
     """
 
-    _FORMAT = 1  # PRAGMA user_version
-
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._table = SqliteRecords(
+            self.path,
+            kind="journal",
+            unit="row",
+            check=_check_journal_record,
+            advice=_journal_advice("row"),
+            unusable="move it away, then check the store for facts a swap left half done (a merged fact "
+            "next to the facts named in its merged_from)",
+            old_format="move the journal away and check the store for facts a swap left half done",
+        )
+        self.journal_mode = self._table.journal_mode
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None)  # transactions are explicit
-        except sqlite3.Error as exc:
-            raise self._unusable(exc) from exc
-        try:
-            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            self._db.execute("PRAGMA synchronous=FULL")  # a committed record survives power loss
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, self._FORMAT):
-                raise ConfigurationError(
-                    f"{self.path}: journal format {version}, this pgr reads format {self._FORMAT}; upgrade pgr, "
-                    "or move the journal away and check the store for facts a swap left half done"
-                )
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS records (seq INTEGER PRIMARY KEY AUTOINCREMENT, record TEXT NOT NULL)"
-            )
-            self._db.execute(f"PRAGMA user_version={self._FORMAT}")
-            self.journal_mode = str(mode).lower()
             super().__init__(self.path)
-        except BaseException as exc:
-            self._db.close()
-            if isinstance(exc, sqlite3.DatabaseError):
-                raise self._unusable(exc) from exc
+        except BaseException:
+            self._table.close()
             raise
 
-    def _unusable(self, exc: BaseException) -> ConfigurationError:
-        return ConfigurationError(
-            f"{self.path} is not a usable SQLite journal ({exc}); move it away, then check the store for facts "
-            "a swap left half done (a merged fact next to the facts named in its merged_from)"
-        )
-
     def _load(self) -> list[dict[str, Any]]:
-        out = []
-        for seq, text in self._db.execute("SELECT seq, record FROM records ORDER BY seq").fetchall():
-            try:
-                value = json.loads(text)
-            except (TypeError, ValueError) as exc:  # not text, not UTF-8, not JSON
-                raise ConfigurationError(f"{self.path} row {seq}: not JSON ({exc}); {_journal_advice('row')}") from None
-            problem = _check_journal_record(value)
-            if problem:
-                raise ConfigurationError(f"{self.path} row {seq}: {problem}; {_journal_advice('row')}")
-            out.append(value)
-        return out
-
-    def _transaction(self, sql: str, params: tuple[Any, ...], what: str) -> None:
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute(sql, params)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise ConfigurationError(f"{self.path}: could not {what}: {exc}") from exc
+        return self._table.records()
 
     def _persist(self, record: dict[str, Any]) -> None:
-        text = json.dumps(record, ensure_ascii=False)
-        self._transaction(
-            "INSERT INTO records (record) VALUES (?)", (text,), f"record the {record['op']} of {record['swap']}"
-        )
+        self._table.append([record], f"record the {record['op']} of {record['swap']}")
 
     def _erase(self) -> None:
-        self._transaction("DELETE FROM records", (), "clear the journal")
+        self._table.clear("clear the journal")
 
     def close(self) -> None:
-        self._db.close()
+        self._table.close()
 
 
 def open_journal(path: str | Path | None) -> Journal:
@@ -317,12 +274,8 @@ def open_journal(path: str | Path | None) -> Journal:
 
 def journal_path_for(store: str | Path, *, directory: bool | None = None) -> Path:
     """Where the journal of the store at ``store`` lives: ``<dir>/journal.sqlite3`` for a directory store,
-    ``<file>.journal.jsonl`` beside a store file. ``directory`` says which when the store does not exist
-    yet (default: a path without a suffix is a directory)."""
-    store = Path(store)
-    if directory is None:
-        directory = store.is_dir() or (not store.exists() and not store.suffix)
-    return store / f"journal{SQLITE_SUFFIX}" if directory else store.with_name(store.name + ".journal.jsonl")
+    ``<file>.journal.jsonl`` beside a store file (:func:`~pgr_core.write.ledger.store_file_path`)."""
+    return store_file_path(store, "journal", directory=directory)
 
 
 # --------------------------------------------------------------------------- listing and deleting by owner

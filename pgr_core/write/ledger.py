@@ -41,11 +41,13 @@ __all__ = [
     "Ledger",
     "LedgerEntry",
     "SqliteLedger",
+    "SqliteRecords",
     "Status",
     "ledger_path_for",
     "open_ledger",
     "owner_of",
     "read_jsonl_records",
+    "store_file_path",
 ]
 
 Status = Literal["ok", "raw", "failed"]
@@ -332,68 +334,134 @@ class Ledger:
         self.close()
 
 
+class SqliteRecords:
+    """An append-only table of JSON records in a SQLite database (stdlib ``sqlite3``, WAL journal,
+    ``synchronous=FULL``, explicit transactions): what :class:`SqliteLedger` and the consolidation
+    journal (:class:`~pgr_core.write.consolidate.SqliteJournal`) keep their records in.
+
+    ``kind`` names the file in messages ("ledger", "journal"), ``unit`` a record ("record", "row");
+    ``check`` says what is wrong with a parsed record (None: nothing); ``advice`` follows a bad
+    record's message, ``unusable`` a file that is not a database, ``old_format`` (after "upgrade pgr,
+    or ") a file of another format.
+    """
+
+    FORMAT = 1  # PRAGMA user_version
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        kind: str,
+        unit: str,
+        check: Callable[[Any], str | None],
+        advice: str,
+        unusable: str,
+        old_format: str,
+    ) -> None:
+        self.path, self.unit, self.check, self.advice = path, unit, check, advice
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db: sqlite3.Connection | None = None
+        try:
+            db = sqlite3.connect(path, isolation_level=None)  # transactions are explicit
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            db.execute("PRAGMA synchronous=FULL")  # a committed record survives power loss
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, self.FORMAT):
+                raise ConfigurationError(
+                    f"{path}: {kind} format {version}, this pgr reads format {self.FORMAT}; "
+                    f"upgrade pgr, or {old_format}"
+                )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS records (seq INTEGER PRIMARY KEY AUTOINCREMENT, record TEXT NOT NULL)"
+            )
+            db.execute(f"PRAGMA user_version={self.FORMAT}")
+        except BaseException as exc:
+            if db is not None:
+                db.close()
+            if isinstance(exc, sqlite3.Error):
+                raise ConfigurationError(f"{path} is not a usable SQLite {kind} ({exc}); {unusable}") from exc
+            raise
+        self.db = db
+        self.journal_mode = str(mode).lower()
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record in order; one that is not JSON, or that ``check`` faults, is a ConfigurationError."""
+        out = []
+        for seq, text in self.db.execute("SELECT seq, record FROM records ORDER BY seq").fetchall():
+            try:
+                value = json.loads(text)
+            except (TypeError, ValueError) as exc:  # not text, not UTF-8, not JSON
+                raise ConfigurationError(f"{self.path} {self.unit} {seq}: not JSON ({exc}); {self.advice}") from None
+            problem = self.check(value)
+            if problem:
+                raise ConfigurationError(f"{self.path} {self.unit} {seq}: {problem}; {self.advice}")
+            out.append(value)
+        return out
+
+    def _transaction(self, what: str, run: Callable[[sqlite3.Connection], object]) -> None:
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                run(self.db)
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise ConfigurationError(f"{self.path}: could not {what}: {exc}") from exc
+
+    def append(self, records: Iterable[dict[str, Any]], what: str) -> None:
+        """Add ``records`` in one transaction (all or none)."""
+        rows = [(json.dumps(r, ensure_ascii=False),) for r in records]
+        self._transaction(what, lambda db: db.executemany("INSERT INTO records (record) VALUES (?)", rows))
+
+    def clear(self, what: str) -> None:
+        self._transaction(what, lambda db: db.execute("DELETE FROM records"))
+
+    def close(self) -> None:
+        self.db.close()
+
+
 class SqliteLedger(Ledger):
-    """The ledger in a SQLite database (stdlib ``sqlite3``, WAL journal, ``synchronous=FULL``): the
-    same records as :class:`Ledger`, one transaction per :meth:`record` call, so a crash never leaves
-    half a batch. For directory stores (``<dir>/ledger.sqlite3``).
+    """The ledger in a SQLite database (:class:`SqliteRecords`): the same records as :class:`Ledger`,
+    one transaction per :meth:`record` call, so a crash never leaves half a batch. For directory
+    stores (``<dir>/ledger.sqlite3``).
 
     >>> ledger = SqliteLedger("memory/ledger.sqlite3")  # doctest: +SKIP
     """
 
-    _FORMAT = 1  # PRAGMA user_version
-
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._db = sqlite3.connect(self.path, isolation_level=None)  # transactions are explicit
-            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            self._db.execute("PRAGMA synchronous=FULL")  # a committed record survives power loss
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, self._FORMAT):
-                raise ConfigurationError(
-                    f"{self.path}: ledger format {version}, this pgr reads format {self._FORMAT}; "
-                    "upgrade pgr, or delete the ledger to ingest every session again"
-                )
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS records (seq INTEGER PRIMARY KEY AUTOINCREMENT, record TEXT NOT NULL)"
-            )
-            self._db.execute(f"PRAGMA user_version={self._FORMAT}")
-        except sqlite3.DatabaseError as exc:
-            raise ConfigurationError(
-                f"{self.path} is not a usable SQLite ledger ({exc}); move it away, or delete it to ingest "
-                "every session again"
-            ) from exc
-        self.journal_mode = str(mode).lower()
+        self._table = SqliteRecords(
+            self.path,
+            kind="ledger",
+            unit="record",
+            check=check_ledger_record,
+            advice=_LEDGER_ADVICE,
+            unusable="move it away, or delete it to ingest every session again",
+            old_format="delete the ledger to ingest every session again",
+        )
+        self.journal_mode = self._table.journal_mode
         super().__init__(self.path)
 
     def _load(self) -> Iterator[dict[str, Any]]:
-        rows = self._db.execute("SELECT seq, record FROM records ORDER BY seq").fetchall()
-        for seq, text in rows:
-            try:
-                value = json.loads(text)
-            except (TypeError, json.JSONDecodeError) as exc:
-                raise ConfigurationError(f"{self.path} record {seq}: not JSON ({exc}); {_LEDGER_ADVICE}") from None
-            problem = check_ledger_record(value)
-            if problem:
-                raise ConfigurationError(f"{self.path} record {seq}: {problem}; {_LEDGER_ADVICE}")
-            yield value
+        return iter(self._table.records())
 
     def _persist(self, records: list[dict[str, Any]]) -> None:
-        rows = [(json.dumps(r, ensure_ascii=False),) for r in records]
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany("INSERT INTO records (record) VALUES (?)", rows)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise ConfigurationError(f"{self.path}: could not record {len(rows)} ledger record(s): {exc}") from exc
+        self._table.append(records, f"record {len(records)} ledger record(s)")
 
     def close(self) -> None:
-        self._db.close()
+        self._table.close()
+
+
+def store_file_path(store: str | Path, name: str, *, directory: bool | None = None) -> Path:
+    """Where a store keeps its file ``name`` (``ledger``, ``journal``): ``<dir>/<name>.sqlite3`` in a
+    directory store, ``<file>.<name>.jsonl`` beside a store file. ``directory`` says which when the
+    store does not exist yet (default: a path without a suffix is a directory)."""
+    store = Path(store)
+    if directory is None:
+        directory = store.is_dir() or (not store.exists() and not store.suffix)
+    return store / f"{name}{SQLITE_SUFFIX}" if directory else store.with_name(f"{store.name}.{name}.jsonl")
 
 
 def open_ledger(path: str | Path | None) -> Ledger:
@@ -411,9 +479,5 @@ def open_ledger(path: str | Path | None) -> Ledger:
 
 def ledger_path_for(store: str | Path, *, directory: bool | None = None) -> Path:
     """Where the ledger of the store at ``store`` lives: ``<dir>/ledger.sqlite3`` for a directory store
-    (an embedded store's folder), ``<file>.ledger.jsonl`` beside a store file. ``directory`` says which
-    when the store does not exist yet (default: a path without a suffix is a directory)."""
-    store = Path(store)
-    if directory is None:
-        directory = store.is_dir() or (not store.exists() and not store.suffix)
-    return store / f"ledger{SQLITE_SUFFIX}" if directory else store.with_name(store.name + ".ledger.jsonl")
+    (an embedded store's folder), ``<file>.ledger.jsonl`` beside a store file (:func:`store_file_path`)."""
+    return store_file_path(store, "ledger", directory=directory)
