@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from .anticipating import Anticipating
+from .cues import CueCache, CueWriter
 from .edge import EdgeStore
 from .embedders import Embedder, HashingEmbedder, MiniLMEmbedder, default_embedder
 from .errors import (
@@ -34,10 +36,13 @@ from .types import Budget, Capabilities, Fact, Hit, Scope, SearchParams
 __version__ = "0.1.0"
 
 __all__ = [
+    "Anticipating",
     "Answer",
     "Budget",
     "Capabilities",
     "Completion",
+    "CueCache",
+    "CueWriter",
     "ConfigurationError",
     "DIMENSIONS",
     "DroppedProbe",

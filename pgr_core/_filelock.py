@@ -152,8 +152,12 @@ class StoreLock:
                     if deadline is not None and time.monotonic() >= deadline:
                         raise self._refuse() from None
                     time.sleep(0.05)
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "what": self.what,
-                    "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            info = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "what": self.what,
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            }
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(info).encode(), 0)
         except BaseException:

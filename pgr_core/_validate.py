@@ -29,7 +29,7 @@ def _utf8(value: str, what: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidArgumentError(
-            f"{what} is not valid UTF-8 text (character {exc.start}: {value[exc.start:exc.end]!r}, a lone "
+            f"{what} is not valid UTF-8 text (character {exc.start}: {value[exc.start : exc.end]!r}, a lone "
             "surrogate?); clean the text before storing it"
         ) from None
 

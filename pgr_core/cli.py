@@ -204,8 +204,10 @@ def cmd_store_import(args: argparse.Namespace) -> int:
     for suffix in (".ledger.jsonl", ".journal.jsonl"):
         old = args.source.with_name(args.source.name + suffix)
         if old.exists():
-            _say(f"note: {old} was not imported (a ledger of the old file); a re-ingest into {args.out} "
-                 "re-checks each session and rewrites nothing that is already there")
+            _say(
+                f"note: {old} was not imported (a ledger of the old file); a re-ingest into {args.out} "
+                "re-checks each session and rewrites nothing that is already there"
+            )
     print(f"imported {n} facts from {args.source} into {args.out}")
     print(f'search it: pgr retrieve --store {args.out} --user USER "..."')
     return 0
@@ -299,7 +301,7 @@ def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
         except ValueError:
             if not raw.strip() or not raw.strip().replace("_", "").isalpha():
                 raise InvalidArgumentError(
-                    f"--set {item!r}: the value must be JSON (3, 0.5, true, \"llm\") or a plain word"
+                    f'--set {item!r}: the value must be JSON (3, 0.5, true, "llm") or a plain word'
                 ) from None
             value = raw.strip()
         out[name] = value
@@ -382,8 +384,32 @@ def _run_eval(
     if llm is not None and not args.no_cache:
         llm = CachedLLM(llm, args.cache)
     judge = llm if args.judge else None
-    rows = run_eval(data, methods, store, llm=llm, judge=judge, records=records, overrides=overrides, log=_say)
+    store_options: dict[str, Any] | None = None
+    cue_report: dict[str, Any] | None = None
+    if args.cues:
+        from .cues import CueCache, CueWriter
+        from .evaluation.runner import with_cues
+
+        if llm is None:
+            _say("pgr: error: --cues needs an LLM to write cues (set PGR_LLM_BASE_URL; cached cues cost no call)")
+            return 2
+        writer = CueWriter(llm, cache=CueCache(args.cue_cache))
+        store, cue_report = with_cues(store, writer, cue_weight=args.cue_weight, log=_say)
+        store_options = {"cues": writer.identity, "cue_weight": args.cue_weight}
+    rows = run_eval(
+        data,
+        methods,
+        store,
+        llm=llm,
+        judge=judge,
+        records=records,
+        overrides=overrides,
+        log=_say,
+        store_options=store_options,
+    )
     report = summarise(data, rows, methods)
+    if cue_report is not None:
+        report["cues"] = cue_report
     if args.win_rate:
         from .evaluation.answers import compare_answers
 
@@ -525,6 +551,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="answer with each method's top 20 facts and judge A against B (both orders)",
     )
     ev.add_argument("--set", action="append", default=[], help="PGR option for pgr-* methods, e.g. --set delta=3")
+    ev.add_argument(
+        "--cues",
+        action="store_true",
+        help="search every method through Anticipating: cues written by the LLM for each fact (cached)",
+    )
+    ev.add_argument("--cue-weight", type=unit_float, default=0.9, help="a cue's similarity counts this much (0-1]")
+    ev.add_argument("--cue-cache", type=Path, default=Path(".pgr-cache/cues.sqlite3"), help="cues by fact text")
     ev.add_argument("--prefeval-kind", choices=["explicit", "choice-based", "persona-driven"], default="explicit")
     ev.add_argument("--fillers", type=nonnegative_int, default=5, help="PrefEval: filler conversations per history")
     ev.add_argument("--per-topic", type=positive_int, default=None, help="PrefEval: first N preferences of each topic")

@@ -56,9 +56,10 @@ def _opened(out: Path, args: argparse.Namespace, what: str, *, create: bool) -> 
     from .builtin import opened_store
     from .cli import _embedder
 
-    with _lock(out, args, what), opened_store(
-        out, _embedder(args.embedder), create=create, lock_timeout_s=args.lock_timeout
-    ) as store:
+    with (
+        _lock(out, args, what),
+        opened_store(out, _embedder(args.embedder), create=create, lock_timeout_s=args.lock_timeout) as store,
+    ):
         yield store
 
 

@@ -561,6 +561,28 @@ class EdgeStore(AddsOneFact, Store):
         record = records.get(fact_id)
         return None if record is None else _fact(record.payload or {})
 
+    def get_many(self, fact_ids: Sequence[str], *, scope: Scope | Mapping[str, str]) -> dict[str, Fact]:
+        """fact id -> fact for those of ``fact_ids`` that ``scope`` allows (one paged scroll); ids
+        are resolved as :meth:`get` resolves them, and unknown ones are left out."""
+        scope = Scope.coerce(scope)
+        with self._shard() as shard:
+            records = self._resolve(shard, [str(i) for i in fact_ids], scope, with_vector=False)
+        return {fid: _fact(r.payload or {}) for fid, r in records.items()}
+
+    def with_window(
+        self, hits: Sequence[Hit], *, scope: Scope | Mapping[str, str], window: int
+    ) -> dict[str, list[Hit]]:
+        """The ±window same-session neighbours of each hit's fact (one scroll): fact id -> hits."""
+        scope = Scope.coerce(scope)
+        anchors = list(hits)
+        with self._shard() as shard:
+            turns = self._neighbours(shard, [anchors], scope, window)
+        out: dict[str, list[Hit]] = {}
+        for hit in _with_neighbours(anchors, turns, window):
+            if hit.neighbour_of is not None:
+                out.setdefault(hit.neighbour_of, []).append(hit)
+        return out
+
     def vectors_for(self, fact_ids: Sequence[str], *, scope: Scope | Mapping[str, str]) -> np.ndarray:
         """The stored unit vectors of ``fact_ids`` (float32, one row each, in that order); a KeyError
         names an id that ``scope`` does not see. Ids are resolved as :meth:`get` resolves them."""

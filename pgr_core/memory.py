@@ -223,6 +223,28 @@ class InMemoryStore(AddsOneFact, Store):
             located = self._locate(fact_id, allowed)
             return None if located is None else located[0].facts[located[1]]
 
+    def get_many(self, fact_ids: Sequence[str], *, scope: Scope | Mapping[str, str]) -> dict[str, Fact]:
+        """fact id -> fact for those of ``fact_ids`` that ``scope`` may see (unknown ids left out)."""
+        allowed = Scope.coerce(scope)
+        with self._lock:
+            found = ((i, self._locate(i, allowed)) for i in fact_ids)
+            return {i: where[0].facts[where[1]] for i, where in found if where is not None}
+
+    def with_window(
+        self, hits: Sequence[Hit], *, scope: Scope | Mapping[str, str], window: int
+    ) -> dict[str, list[Hit]]:
+        """The ±window same-session neighbours of each hit's fact: fact id -> hits (owner's own only)."""
+        allowed = Scope.coerce(scope)
+        out: dict[str, list[Hit]] = {}
+        with self._lock:
+            for hit in hits:
+                located = self._locate(hit.fact.id, allowed)
+                if located is not None:
+                    found = _neighbours(located[0].view(), hit.fact, window, hit.rank)
+                    if found:
+                        out[hit.fact.id] = found
+        return out
+
     def vectors_for(self, fact_ids: Sequence[str], *, scope: Scope | Mapping[str, str]) -> np.ndarray:
         """The stored unit vectors of ``fact_ids``, one row each in that order (a copy); a KeyError
         names an id the store does not hold or that ``scope`` may not see."""

@@ -124,12 +124,14 @@ class Fact:
 
 @dataclass(frozen=True)
 class Hit:
-    """A fact returned for one probe. ``neighbour_of`` is set when it came in through the window."""
+    """A fact returned for one probe. ``neighbour_of`` is set when it came in through the window;
+    ``cue`` is the cue that scored it, when its cue beat its own text (:class:`~pgr_core.Anticipating`)."""
 
     fact: Fact
     score: float
     rank: int
     neighbour_of: str | None = None
+    cue: str | None = None
 
 
 @dataclass(frozen=True)

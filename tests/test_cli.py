@@ -157,8 +157,17 @@ def test_llm_timeout_holds_when_the_url_comes_from_the_environment(monkeypatch: 
 
 
 def _retrieve_json(capsys: pytest.CaptureFixture[str], store: Path, user: str = "maya") -> dict:
-    args = ["retrieve", "Should I join a soccer league?", "--store", str(store), "--user", user,
-            "--embedder", "hashing", "--json"]
+    args = [
+        "retrieve",
+        "Should I join a soccer league?",
+        "--store",
+        str(store),
+        "--user",
+        user,
+        "--embedder",
+        "hashing",
+        "--json",
+    ]
     assert main(args) == 0
     return json.loads(capsys.readouterr().out)
 
@@ -172,8 +181,20 @@ def test_a_directory_store_from_the_demo_and_from_an_import_answers_as_the_file_
     _demo_json(capsys, "--embedder", "hashing", "--save-store", str(tmp_path / "maya.pgr"), "--html", html)
     _demo_json(capsys, "--embedder", "hashing", "--save-store", str(tmp_path / "maya-dir"), "--html", html)
     assert (tmp_path / "maya-dir" / "meta.json").exists() and (tmp_path / "maya-dir").is_dir()
-    assert main(["store", "import", str(tmp_path / "maya.pgr"), "--out", str(tmp_path / "imported"),
-                 "--embedder", "hashing"]) == 0
+    assert (
+        main(
+            [
+                "store",
+                "import",
+                str(tmp_path / "maya.pgr"),
+                "--out",
+                str(tmp_path / "imported"),
+                "--embedder",
+                "hashing",
+            ]
+        )
+        == 0
+    )
     assert "imported 180 facts" in capsys.readouterr().out
     from_file = _retrieve_json(capsys, tmp_path / "maya.pgr")
     for store in (tmp_path / "maya-dir", tmp_path / "imported"):
@@ -181,8 +202,20 @@ def test_a_directory_store_from_the_demo_and_from_an_import_answers_as_the_file_
         assert [f["id"] for f in got["facts"]] == [f["id"] for f in from_file["facts"]]
         assert _retrieve_json(capsys, store, user="someone-else")["facts"] == []
     # importing into a store that exists is refused, and the store is unchanged
-    assert main(["store", "import", str(tmp_path / "maya.pgr"), "--out", str(tmp_path / "imported"),
-                 "--embedder", "hashing"]) == 2
+    assert (
+        main(
+            [
+                "store",
+                "import",
+                str(tmp_path / "maya.pgr"),
+                "--out",
+                str(tmp_path / "imported"),
+                "--embedder",
+                "hashing",
+            ]
+        )
+        == 2
+    )
     assert "must be a new (or empty) directory" in capsys.readouterr().err
     assert [f["id"] for f in _retrieve_json(capsys, tmp_path / "imported")["facts"]] == [
         f["id"] for f in from_file["facts"]

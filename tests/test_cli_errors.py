@@ -14,16 +14,18 @@ from pgr_core.errors import InvalidArgumentError
 @pytest.fixture
 def tiny_set(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.jsonl"
-    rows = [{
-        "user_id": "u",
-        "facts": [
-            {"id": "u:f1", "text": "I hurt my knee in March", "date": "2025-03-01"},
-            {"id": "u:f2", "text": "I sold my car last year", "date": "2025-01-01"},
-        ],
-        "queries": [
-            {"id": "u:q1", "query": "Should I run a 10k?", "references": [{"text": "knee", "fact_ids": ["u:f1"]}]}
-        ],
-    }]
+    rows = [
+        {
+            "user_id": "u",
+            "facts": [
+                {"id": "u:f1", "text": "I hurt my knee in March", "date": "2025-03-01"},
+                {"id": "u:f2", "text": "I sold my car last year", "date": "2025-01-01"},
+            ],
+            "queries": [
+                {"id": "u:q1", "query": "Should I run a 10k?", "references": [{"text": "knee", "fact_ids": ["u:f1"]}]}
+            ],
+        }
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     return path
 
@@ -48,8 +50,22 @@ def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
 def test_bad_set_options_are_one_line(
     setting: str, names: str, tiny_set: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["eval", "jsonl", "--data", str(tiny_set), "--no-llm", "--methods", "pgr-none", "--embedder", "hashing",
-            "--no-cache", "--json", str(tmp_path / "out.json"), "--set", setting]
+    argv = [
+        "eval",
+        "jsonl",
+        "--data",
+        str(tiny_set),
+        "--no-llm",
+        "--methods",
+        "pgr-none",
+        "--embedder",
+        "hashing",
+        "--no-cache",
+        "--json",
+        str(tmp_path / "out.json"),
+        "--set",
+        setting,
+    ]
     assert main(argv) == 2
     line = _error_line(capsys)
     assert line.startswith("pgr: error:") and names in line
@@ -58,7 +74,11 @@ def test_bad_set_options_are_one_line(
 
 def test_set_options_parse_json_and_plain_words() -> None:
     assert parse_set_options(["delta=3", "ranking=llm", "query_share=0.5", "augment=false"]) == {
-        "delta": 3, "ranking": "llm", "query_share": 0.5, "augment": False}
+        "delta": 3,
+        "ranking": "llm",
+        "query_share": 0.5,
+        "augment": False,
+    }
     with pytest.raises(InvalidArgumentError, match="ranking must be one of"):
         parse_set_options(["ranking=best"])
 
@@ -81,8 +101,20 @@ def test_an_unwritable_output_path_is_one_line(
 ) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x", encoding="utf-8")
-    argv = ["eval", "jsonl", "--data", str(tiny_set), "--no-llm", "--methods", "query-only", "--embedder",
-            "hashing", "--no-cache", "--json", str(blocker / "out.json")]
+    argv = [
+        "eval",
+        "jsonl",
+        "--data",
+        str(tiny_set),
+        "--no-llm",
+        "--methods",
+        "query-only",
+        "--embedder",
+        "hashing",
+        "--no-cache",
+        "--json",
+        str(blocker / "out.json"),
+    ]
     assert main(argv) == 2
     line = _error_line(capsys)
     assert line.startswith("pgr: error: cannot use") and "a-file" in line

@@ -33,6 +33,7 @@ def test_readme_python_example(
         ]
     )
     monkeypatch.setattr(pgr_core, "OpenAICompatible", lambda **kwargs: llm)
+
     # the hashing embedder keeps this test fast and independent of the MiniLM model
     class Edge:
         @staticmethod

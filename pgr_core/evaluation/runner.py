@@ -109,13 +109,55 @@ def _records_under(path: Path, header: Mapping[str, Any]) -> list[dict[str, Any]
     return out
 
 
-def read_records(path: Path, data: EvalSet, overrides: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def read_records(
+    path: Path,
+    data: EvalSet,
+    overrides: Mapping[str, Any] | None = None,
+    store_options: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """The records a run with these settings wrote (empty when there are none, or other settings')."""
-    return _records_under(path, _header(data, overrides)) or []
+    return _records_under(path, _header(data, overrides, store_options)) or []
 
 
-def _header(data: EvalSet, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {"dataset": data.name, "questions": [q.id for q in data.questions], "overrides": dict(overrides or {})}
+def _header(
+    data: EvalSet, overrides: Mapping[str, Any] | None, store_options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    header = {"dataset": data.name, "questions": [q.id for q in data.questions], "overrides": dict(overrides or {})}
+    if store_options:  # e.g. cues: records over another store are never mixed in
+        header["store"] = dict(store_options)
+    return header
+
+
+def with_cues(
+    store: Store, writer: Any, *, cue_weight: float, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)
+) -> tuple[Any, dict[str, Any]]:
+    """``store`` wrapped in :class:`~pgr_core.anticipating.Anticipating`, every owner's facts cued by
+    ``writer`` (its cache serves facts it has seen); returns the wrapper and the build report."""
+    from ..anticipating import Anticipating, CueBuildReport
+
+    wrapped = Anticipating(store, cue_weight=cue_weight)
+    owners = list(dict.fromkeys(f.scope for f in getattr(store, "facts", [])))
+    total = CueBuildReport()
+    started = time.perf_counter()
+    for n, owner in enumerate(owners, 1):
+        progress: Progress | None = None
+
+        label = f"cues for {owner.user_id or owner} ({n}/{len(owners)})"
+
+        def tick(done: int, sessions: int, label: str = label) -> None:
+            nonlocal progress
+            if progress is None:
+                progress = Progress(sessions, label)
+            progress.step()
+
+        total.merge(wrapped.build(writer, scope=owner, progress=tick))
+    summary = total.to_dict()
+    summary["wall_seconds"] = round(time.perf_counter() - started, 1)
+    log(
+        f"cues: {summary['cued']} of {summary['facts']} facts cued ({summary['from_cache']} from the cue cache), "
+        f"{summary['without_cues']} without, {summary['llm_calls']} LLM calls, {summary['tokens']} tokens"
+    )
+    return wrapped, summary
 
 
 def run_eval(
@@ -128,6 +170,7 @@ def run_eval(
     records: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+    store_options: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every method on every question; return the records (resumed from ``records`` if present).
 
@@ -136,7 +179,7 @@ def run_eval(
     """
     for name in methods:
         parse_method(name)
-    header = _header(data, overrides)
+    header = _header(data, overrides, store_options)
     found = _records_under(records, header) if records else None
     if records is not None and found is None and records.exists():
         records.rename(records.with_suffix(records.suffix + ".old"))  # other settings: set aside, never mixed

@@ -10,6 +10,8 @@ __all__ = ["prompt", "render"]
 NAMES = (
     "answer",
     "augment",
+    "cues",
+    "cues_example",
     "judge_pair",
     "judge_recall",
     "mq_dialogue",

@@ -1,0 +1,371 @@
+"""Anticipating: a store whose facts are also found through their cues.
+
+``Anticipating(store)`` is a :class:`~pgr_core.store.Store` around any pgr store. Beside the user's
+facts it keeps a *cue index*: for each fact, the few requests in which it would matter
+(:mod:`pgr_core.cues`), embedded, keyed by the fact's owner and id. A round's probes go to the store
+and to the cue index, one batch call each; a fact scores the larger of its own similarity and
+``cue_weight`` × its best cue's, so an under-specified request meets the knee surgery through "should
+I join a soccer league this summer?" with no LLM call in the query path.
+
+- The user's store is never written by the index: cues live in a pgr-owned embedded store (an
+  :class:`~pgr_core.memory.InMemoryStore`, or an :class:`~pgr_core.edge.EdgeStore` directory; by
+  default ``<DIR>/cues`` inside an EdgeStore), one record per cue, owned by the fact's owner.
+- Hits found only through a cue are fetched from the store by id in one batch (``get_many``), so a
+  deleted or changed fact is never served from a stale copy; their window neighbours come from the
+  store too (``with_window``). A hit that a cue won records it (:attr:`Hit.cue`).
+- Writes through the wrapper keep the index true: a fact whose text changed loses its old cues (and
+  gets new ones when a :class:`~pgr_core.cues.CueWriter` is attached); a deleted fact's cues go; a
+  consolidated fact (``metadata["merged_from"]``) gets the union of its sources' cues.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .cues import MAX_CUES, CueBatch, CueWriter
+from .errors import ConfigurationError, InvalidArgumentError
+from .store import AddsOneFact, Store
+from .types import Fact, Hit, Scope, SearchParams
+
+__all__ = ["DEFAULT_CUE_WEIGHT", "Anticipating", "CueBuildReport"]
+
+DEFAULT_CUE_WEIGHT = 0.9
+"""A cue's similarity counts this much against the fact's own (measured on MQ-lite dev: RESULTS.md)."""
+
+_SEP = "~cue"
+
+
+def _text_key(text: str) -> str:
+    return hashlib.sha256(" ".join(text.split()).encode("utf-8")).hexdigest()[:16]
+
+
+def cue_ids(fact_id: str, count: int = MAX_CUES * 3) -> list[str]:
+    """The cue-record ids a fact may own (a merged fact may hold the union of several sets)."""
+    return [f"{fact_id}{_SEP}{i}" for i in range(count)]
+
+
+@dataclass
+class CueBuildReport:
+    """What a cue build did: facts that got cues (asked or cached), facts already cued, facts left
+    without (retried next build), LLM calls and tokens, and per-session seconds."""
+
+    facts: int = 0
+    cued: int = 0
+    cached: int = 0
+    already: int = 0
+    missing: int = 0
+    sessions: int = 0
+    calls: int = 0
+    tokens: int = 0
+    cues: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, batch: CueBatch, facts: int) -> None:
+        self.sessions += 1
+        self.facts += facts
+        self.cued += len(batch.cues)
+        self.cached += batch.cached
+        self.missing += len(batch.missing)
+        self.calls += batch.calls
+        self.tokens += batch.tokens
+        self.cues += sum(len(c) for c in batch.cues.values())
+        self.seconds += sum(c.seconds for c in batch.completions)
+        self.errors.extend(batch.errors[:3])
+
+    def merge(self, other: CueBuildReport) -> None:
+        for name in ("facts", "cued", "cached", "already", "missing", "sessions", "calls", "tokens", "cues", "seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.errors.extend(other.errors[:3])
+
+    def to_dict(self) -> dict[str, Any]:
+        asked = max(self.cued - self.cached, 0)
+        return {
+            "facts": self.facts,
+            "cued": self.cued,
+            "from_cache": self.cached,
+            "already_cued": self.already,
+            "without_cues": self.missing,
+            "sessions": self.sessions,
+            "llm_calls": self.calls,
+            "tokens": self.tokens,
+            "cues": self.cues,
+            "calls_per_fact": round(self.calls / asked, 4) if asked else 0.0,
+            "tokens_per_fact": round(self.tokens / asked, 1) if asked else 0.0,
+            "seconds_per_session": round(self.seconds / self.sessions, 2) if self.sessions else 0.0,
+            "errors": self.errors[:10],
+        }
+
+
+class Anticipating(AddsOneFact, Store):
+    """``store`` searched through its facts' text and their cues.
+
+    - ``cues``: the cue index: an InMemoryStore or EdgeStore (pgr's own), or a path (a directory
+      opens an EdgeStore there). Default: ``<DIR>/cues`` for an EdgeStore, otherwise a fresh
+      InMemoryStore on the store's embedder (give a path to keep cues across processes).
+    - ``cue_weight``: a fact's score is ``max(own similarity, cue_weight × best cue similarity)``.
+    - ``writer``: a :class:`CueWriter`; with it, every fact written through the wrapper gets cues at
+      once (one call per write batch). Without it, :meth:`build` backfills.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        cues: Store | str | Path | None = None,
+        cue_weight: float = DEFAULT_CUE_WEIGHT,
+        writer: CueWriter | None = None,
+    ) -> None:
+        if not isinstance(store, Store):
+            raise InvalidArgumentError(f"Anticipating wraps a pgr Store, got {type(store).__name__}")
+        if isinstance(store, Anticipating):
+            raise InvalidArgumentError("this store already anticipates: wrap the inner store once")
+        if isinstance(cue_weight, bool) or not isinstance(cue_weight, int | float) or not 0.0 < cue_weight <= 1.5:
+            raise InvalidArgumentError(f"cue_weight must be a number in (0, 1.5], got {cue_weight!r}")
+        self.store = store
+        self.cue_weight = float(cue_weight)
+        self.writer = writer
+        self.cues = self._cue_index(store, cues)
+        self.capabilities = replace(store.capabilities)  # type: ignore[misc]
+        self.name = f"anticipating:{getattr(store, 'name', type(store).__name__)}"
+
+    @staticmethod
+    def _cue_index(store: Store, cues: Store | str | Path | None) -> Store:
+        from .edge import EdgeStore
+        from .memory import InMemoryStore
+
+        embedder = getattr(store, "embedder", None)
+        if isinstance(cues, Store):
+            index = cues
+        elif cues is not None:
+            index = EdgeStore(Path(cues), embedder=embedder)
+        elif isinstance(store, EdgeStore):
+            index = EdgeStore(store.path / "cues", embedder=store.embedder)
+        else:
+            index = InMemoryStore(embedder=embedder)
+        if not all(callable(getattr(index, m, None)) for m in ("add_facts", "delete", "facts_for")):
+            raise ConfigurationError(
+                f"the cue index must be a writable pgr store (InMemoryStore or EdgeStore), got {type(index).__name__}"
+            )
+        return index
+
+    def __repr__(self) -> str:
+        return f"Anticipating({self.store!r}, cue_weight={self.cue_weight})"
+
+    def __getattr__(self, name: str) -> Any:  # facts_for, get, embedder, save... of the wrapped store
+        if name.startswith("__") or name in ("store", "cues"):
+            raise AttributeError(name)
+        return getattr(self.store, name)
+
+    def __len__(self) -> int:
+        return len(self.store)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ searching
+
+    def search_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
+        if not probes:
+            return []
+        base = self.store._checked_search(probes, scope, params)
+        wide = SearchParams(top_k=params.top_k * 2, min_score=params.min_score / self.cue_weight, window=0)
+        by_cue = self.cues._checked_search(probes, scope, wide)
+        merged: list[list[tuple[float, Fact | str, str | None]]] = []
+        missing: dict[str, None] = {}
+        for hits, cue_hits in zip(base, by_cue, strict=True):
+            best: dict[str, tuple[float, Fact | str, str | None]] = {}
+            for hit in hits:
+                if hit.neighbour_of is None:
+                    best[hit.fact.id] = (hit.score, hit.fact, None)
+            for hit in cue_hits:
+                fid = str(hit.fact.metadata.get("fact_id") or "")
+                score = self.cue_weight * hit.score
+                if not fid or score < params.min_score:
+                    continue
+                held = best.get(fid)
+                if held is None:
+                    best[fid] = (score, fid, hit.fact.text)
+                    missing[fid] = None
+                elif score > held[0]:
+                    best[fid] = (score, held[1], hit.fact.text)
+            ranked = sorted(best.values(), key=lambda x: -x[0])
+            # cue-only entries may turn out deleted; keep spares so top_k can still be filled
+            merged.append(ranked[: params.top_k + len(missing)])
+        fetched = self._fetch(list(missing), scope) if missing else {}
+        results: list[list[Hit]] = []
+        for hits, entries in zip(base, merged, strict=True):
+            windows: dict[str, list[Hit]] = {}
+            for hit in hits:
+                if hit.neighbour_of is not None:
+                    windows.setdefault(hit.neighbour_of, []).append(hit)
+            direct: list[Hit] = []
+            for score, fact, cue in entries:
+                real = fetched.get(fact) if isinstance(fact, str) else fact
+                if real is None or not scope.allows(real.scope):
+                    continue
+                direct.append(Hit(fact=real, score=float(score), rank=len(direct), cue=cue))
+                if len(direct) == params.top_k:
+                    break
+            results.append(direct)
+            results[-1] = self._windowed(direct, windows, scope, params)
+        return results
+
+    def _fetch(self, ids: list[str], scope: Scope) -> dict[str, Fact]:
+        get_many = getattr(self.store, "get_many", None)
+        if callable(get_many):
+            return dict(get_many(ids, scope=scope))
+        get = getattr(self.store, "get", None)
+        if callable(get):
+            return {i: f for i in ids if (f := get(i, scope=scope)) is not None}
+        raise ConfigurationError(
+            f"{type(self.store).__name__} cannot fetch facts by id (get_many or get), so facts found "
+            "through their cues cannot be returned; Anticipating needs one of them"
+        )
+
+    def _windowed(
+        self, direct: list[Hit], windows: dict[str, list[Hit]], scope: Scope, params: SearchParams
+    ) -> list[Hit]:
+        if not params.window:
+            return direct
+        need = [h for h in direct if h.fact.id not in windows]
+        with_window = getattr(self.store, "with_window", None)
+        if need and callable(with_window) and self.capabilities.window:
+            for anchor, neighbours in with_window(need, scope=scope, window=params.window).items():
+                windows[anchor] = [replace(n, rank=0) for n in neighbours]
+        out: list[Hit] = []
+        for hit in direct:
+            out.append(hit)
+            out.extend(replace(n, rank=hit.rank) for n in windows.get(hit.fact.id, []))
+        return out
+
+    # ------------------------------------------------------------------ writing
+
+    def add_facts(self, facts: Iterable[Fact], *, vectors: Any = None) -> list[str]:
+        """Write ``facts`` to the store, then bring their cues up to date (see the module doc)."""
+        batch = list(facts)
+        ids: list[str] = list(self.store.add_facts(batch, vectors=vectors))  # type: ignore[attr-defined]
+        written = [replace(f, id=i) if i != f.id else f for f, i in zip(batch, ids, strict=False)]
+        self._refresh(written)
+        return ids
+
+    def delete(self, fact_ids: Iterable[str], *, scope: Scope | Mapping[str, str]) -> int:
+        ids = [str(i) for i in fact_ids]
+        removed = int(self.store.delete(ids, scope=scope))  # type: ignore[attr-defined]
+        self.cues.delete([c for i in ids for c in cue_ids(i)], scope=scope)  # type: ignore[attr-defined]
+        return removed
+
+    def _refresh(self, facts: list[Fact]) -> None:
+        by_owner: dict[Scope, list[Fact]] = {}
+        for fact in facts:
+            by_owner.setdefault(fact.scope, []).append(fact)
+        for owner, owned in by_owner.items():
+            held = self.cues_of([f.id for f in owned], scope=owner, with_keys=True)
+            stale = [f for f in owned if f.id in held and held[f.id][0] != _text_key(f.text)]
+            if stale:
+                self.cues.delete([c for f in stale for c in cue_ids(f.id)], scope=owner)  # type: ignore[attr-defined]
+            union: dict[str, list[str]] = {}
+            for fact in owned:
+                sources = fact.metadata.get("merged_from") if isinstance(fact.metadata, Mapping) else None
+                if isinstance(sources, list | tuple) and sources:
+                    known = self.cues_of([str(s) for s in sources], scope=owner)
+                    gathered = list(dict.fromkeys(c for s in sources for c in known.get(str(s), ())))
+                    if gathered:
+                        union[fact.id] = gathered[: MAX_CUES * 3]
+            if union:
+                self.put_cues({f.id: union[f.id] for f in owned if f.id in union}, [f for f in owned if f.id in union])
+            if self.writer is not None:
+                todo = [f for f in owned if f.id not in union and (f.id not in held or f in stale)]
+                if todo:
+                    batch = self.writer.write(todo)
+                    self.put_cues(batch.cues, todo)
+
+    def put_cues(self, cues: Mapping[str, Sequence[str]], facts: Sequence[Fact]) -> int:
+        """Store ``cues`` (fact id → cue texts) for ``facts`` (their owners and texts); replaces any
+        cues those facts had. Returns how many cue records were written."""
+        by_id = {f.id: f for f in facts}
+        records: list[Fact] = []
+        for fid, texts in cues.items():
+            fact = by_id.get(fid)
+            if fact is None or not texts:
+                continue
+            for i, text in enumerate(texts):
+                records.append(
+                    Fact(
+                        id=cue_ids(fid)[i],
+                        text=text,
+                        scope=fact.scope,
+                        type="cue",
+                        metadata={"fact_id": fid, "cue": i, "fact_key": _text_key(fact.text)},
+                    )
+                )
+        owners = {f.scope for f in by_id.values() if f.id in cues}
+        for owner in owners:
+            old = [c for f in by_id.values() if f.scope == owner and f.id in cues for c in cue_ids(f.id)]
+            self.cues.delete(old, scope=owner)  # type: ignore[attr-defined]
+        if records:
+            self.cues.add_facts(records)  # type: ignore[attr-defined]
+        return len(records)
+
+    def cues_of(
+        self, fact_ids: Sequence[str], *, scope: Scope | Mapping[str, str], with_keys: bool = False
+    ) -> dict[str, Any]:
+        """The cues held for ``fact_ids`` within ``scope``: fact id → cue texts (with ``with_keys``,
+        fact id → (text key of the fact they were written for, cue texts))."""
+        scope = Scope.coerce(scope)
+        wanted = set(fact_ids)
+        if not wanted:
+            return {}
+        get_many = getattr(self.cues, "get_many", None)
+        records: Iterable[Fact] = (
+            get_many([c for f in wanted for c in cue_ids(f)], scope=scope).values()
+            if callable(get_many)
+            else self.cues.facts_for(scope)  # type: ignore[attr-defined]
+        )
+        found: dict[str, list[tuple[int, str, str]]] = {}
+        for record in records:
+            fid = str(record.metadata.get("fact_id") or "")
+            if fid in wanted:
+                found.setdefault(fid, []).append(
+                    (int(record.metadata.get("cue") or 0), record.text, str(record.metadata.get("fact_key") or ""))
+                )
+        out: dict[str, Any] = {}
+        for fid, rows in found.items():
+            rows.sort()
+            texts = tuple(r[1] for r in rows)
+            out[fid] = (rows[0][2], texts) if with_keys else texts
+        return out
+
+    def build(
+        self,
+        writer: CueWriter,
+        *,
+        scope: Scope | Mapping[str, str],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> CueBuildReport:
+        """Backfill cues for every fact ``scope`` allows that has none (or has cues for an older text),
+        one LLM call per session. Resumable: facts already cued are skipped, and a fact the model gave
+        no usable cues is simply left for the next build. ``progress(done, total)`` after each session.
+        """
+        scope = Scope.coerce(scope)
+        lister = getattr(self.store, "facts_for", None)
+        if not callable(lister):
+            raise ConfigurationError(
+                f"{type(self.store).__name__} cannot list its facts (facts_for), so cues cannot be backfilled"
+            )
+        facts: list[Fact] = list(lister(scope))
+        report = CueBuildReport()
+        held = self.cues_of([f.id for f in facts], scope=scope, with_keys=True)
+        todo = [f for f in facts if f.id not in held or held[f.id][0] != _text_key(f.text)]
+        report.already = len(facts) - len(todo)
+        sessions: dict[tuple[Scope, str], list[Fact]] = {}
+        for fact in todo:
+            sessions.setdefault((fact.scope, fact.session_id or ""), []).append(fact)  # undated: asked together
+        for done, group in enumerate(sessions.values(), 1):
+            batch = writer.write(group)
+            self.put_cues(batch.cues, group)
+            report.add(batch, len(group))
+            if progress is not None:
+                progress(done, len(sessions))
+        return report
