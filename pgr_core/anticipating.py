@@ -31,7 +31,7 @@ from .errors import ConfigurationError, InvalidArgumentError
 from .store import AddsOneFact, Store
 from .types import Fact, Hit, Scope, SearchParams
 
-__all__ = ["DEFAULT_CUE_WEIGHT", "Anticipating", "CueBuildReport"]
+__all__ = ["DEFAULT_CUE_WEIGHT", "Anticipating", "CueBuildReport", "cue_path_for"]
 
 DEFAULT_CUE_WEIGHT = 0.9
 """A cue's similarity counts this much against the fact's own (measured on MQ-lite dev: RESULTS.md)."""
@@ -41,6 +41,19 @@ _SEP = "~cue"
 
 def _text_key(text: str) -> str:
     return hashlib.sha256(" ".join(text.split()).encode("utf-8")).hexdigest()[:16]
+
+
+def cue_path_for(store_path: str | Path) -> Path:
+    """Where the CLI keeps a store's cue index: ``<DIR>/cues`` inside a directory store, and the
+    directory ``<file>.cues`` beside a ``.pgr`` file (an EdgeStore either way: durable per write)."""
+    path = Path(store_path)
+    return path.with_name(path.name + ".cues") if path.suffix == ".pgr" or path.is_file() else path / "cues"
+
+
+def _session_of(fact: Fact) -> str:
+    """The session a fact was written in (extracted facts carry it in their metadata), or ''."""
+    marker = fact.metadata.get("pgr_session") if isinstance(fact.metadata, Mapping) else None
+    return str(fact.session_id or marker or "")
 
 
 def cue_ids(fact_id: str, count: int = MAX_CUES * 3) -> list[str]:
@@ -245,7 +258,8 @@ class Anticipating(AddsOneFact, Store):
     def add_facts(self, facts: Iterable[Fact], *, vectors: Any = None) -> list[str]:
         """Write ``facts`` to the store, then bring their cues up to date (see the module doc)."""
         batch = list(facts)
-        ids: list[str] = list(self.store.add_facts(batch, vectors=vectors))  # type: ignore[attr-defined]
+        add = self.store.add_facts  # type: ignore[attr-defined]
+        ids: list[str] = list(add(batch) if vectors is None else add(batch, vectors=vectors))
         written = [replace(f, id=i) if i != f.id else f for f, i in zip(batch, ids, strict=False)]
         self._refresh(written)
         return ids
@@ -276,10 +290,30 @@ class Anticipating(AddsOneFact, Store):
             if union:
                 self.put_cues({f.id: union[f.id] for f in owned if f.id in union}, [f for f in owned if f.id in union])
             if self.writer is not None:
-                todo = [f for f in owned if f.id not in union and (f.id not in held or f in stale)]
-                if todo:
-                    batch = self.writer.write(todo)
-                    self.put_cues(batch.cues, todo)
+                self.cue([f for f in owned if f.id not in union], self.writer)
+
+    def cue(self, facts: Sequence[Fact], writer: CueWriter) -> CueBatch:
+        """Write cues for those of ``facts`` (stored ones, one session's) that have none or have cues of
+        an older text: one ``writer`` call for all of them. Returns the batch (cost, facts left out)."""
+        todo: list[Fact] = []
+        by_owner: dict[Scope, list[Fact]] = {}
+        for fact in facts:
+            by_owner.setdefault(fact.scope, []).append(fact)
+        for owner, owned in by_owner.items():
+            held = self.cues_of([f.id for f in owned], scope=owner, with_keys=True)
+            todo.extend(f for f in owned if f.id not in held or held[f.id][0] != _text_key(f.text))
+        if not todo:
+            return CueBatch()
+        batch = writer.write(todo)
+        self.put_cues(batch.cues, todo)
+        return batch
+
+    def close(self) -> None:
+        """Close the wrapped store and the cue index (an EdgeStore releases its lock)."""
+        for part in (self.cues, self.store):
+            close = getattr(part, "close", None)
+            if callable(close):
+                close()
 
     def put_cues(self, cues: Mapping[str, Sequence[str]], facts: Sequence[Fact]) -> int:
         """Store ``cues`` (fact id → cue texts) for ``facts`` (their owners and texts); replaces any
@@ -361,11 +395,9 @@ class Anticipating(AddsOneFact, Store):
         report.already = len(facts) - len(todo)
         sessions: dict[tuple[Scope, str], list[Fact]] = {}
         for fact in todo:
-            sessions.setdefault((fact.scope, fact.session_id or ""), []).append(fact)  # undated: asked together
+            sessions.setdefault((fact.scope, _session_of(fact)), []).append(fact)
         for done, group in enumerate(sessions.values(), 1):
-            batch = writer.write(group)
-            self.put_cues(batch.cues, group)
-            report.add(batch, len(group))
+            report.add(self.cue(group, writer), len(group))
             if progress is not None:
                 progress(done, len(sessions))
         return report

@@ -50,12 +50,39 @@ def open_store(
     return EdgeStore.open(path, embedder=embedder, create=create, lock_timeout_s=lock_timeout_s)
 
 
+def with_cues(store: Any, path: str | Path, *, cues: bool | None = None, lock_timeout_s: float | None = 30.0) -> Any:
+    """``store`` (opened from ``path``) as an :class:`~pgr_core.anticipating.Anticipating` when it has a
+    cue index (``cues=None``), always (``True``: the index is created), or never (``False``)."""
+    from .anticipating import Anticipating, cue_path_for
+
+    where = cue_path_for(path)
+    if cues is False or (cues is None and not where.is_dir()):
+        return store
+    from .edge import EdgeStore
+
+    index = EdgeStore.open(where, embedder=store.embedder, create=True, lock_timeout_s=lock_timeout_s)
+    return Anticipating(store, cues=index)
+
+
 @contextmanager
 def opened_store(
-    path: str | Path, embedder: Any = None, *, create: bool = False, lock_timeout_s: float | None = 30.0
+    path: str | Path,
+    embedder: Any = None,
+    *,
+    create: bool = False,
+    lock_timeout_s: float | None = 30.0,
+    cues: bool | None = None,
 ) -> Iterator[Any]:
-    """:func:`open_store` for a ``with`` block: a directory store is closed (its lock released) at the end."""
+    """:func:`open_store` for a ``with`` block: a directory store is closed (its lock released) at the end.
+    A store with a cue index (``pgr cues build``) comes wrapped in Anticipating (see :func:`with_cues`)."""
     store = open_store(path, embedder, create=create, lock_timeout_s=lock_timeout_s)
+    try:
+        store = with_cues(store, path, cues=cues, lock_timeout_s=lock_timeout_s)
+    except BaseException:
+        close = getattr(store, "close", None)
+        if callable(close):
+            close()
+        raise
     try:
         yield store
     finally:

@@ -235,7 +235,7 @@ def _retrieve(args: argparse.Namespace, store: Any, llm: LLM | None) -> int:
     print(f"{len(result.facts)} facts ({pgr.prospector.name if not args.query_only else 'query-only'}):")
     for f in result.facts:
         when = f.fact.date.date().isoformat() if f.fact.date else "undated"
-        print(f"  [{f.id}] {when}  {f.text}")
+        print(f"  [{f.id}] {when}  {f.text}" + (f"  (found through the cue {f.cue!r})" if f.cue else ""))
     if result.summary:
         print(f"\nSummary: {result.summary}")
     if result.trace.steps:

@@ -50,7 +50,7 @@ def _llm(args: argparse.Namespace, *, required: str | None = None) -> LLM | None
 
 
 @contextmanager
-def _opened(out: Path, args: argparse.Namespace, what: str, *, create: bool) -> Iterator[Any]:
+def _opened(out: Path, args: argparse.Namespace, what: str, *, create: bool, cues: bool | None = None) -> Iterator[Any]:
     """The store at ``out``, this process's own for the whole command: a store file under its lock
     (taken before the store and its ledger are read), a directory store holding its own; closed at the end."""
     from .builtin import opened_store
@@ -58,7 +58,9 @@ def _opened(out: Path, args: argparse.Namespace, what: str, *, create: bool) -> 
 
     with (
         _lock(out, args, what),
-        opened_store(out, _embedder(args.embedder), create=create, lock_timeout_s=args.lock_timeout) as store,
+        opened_store(
+            out, _embedder(args.embedder), create=create, lock_timeout_s=args.lock_timeout, cues=cues
+        ) as store,
     ):
         yield store
 
@@ -160,8 +162,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             f"no sessions found in {args.data}" + (f" for {users_filter}" if users_filter else "")
         )
     llm = _llm(args, required="--mode extract") if args.mode == "extract" else None
+    if args.cues and llm is None:
+        llm = _llm(args, required="--cues")
     out: Path = args.out
-    with _opened(out, args, "pgr ingest", create=True) as store:
+    with _opened(out, args, "pgr ingest", create=True, cues=True if args.cues else None) as store:
         return _ingest_opened(args, users, llm, out, store)
 
 
@@ -185,9 +189,10 @@ def _ingest_run(
 ) -> int:
     from .write import Ingestor
 
+    cue_writer = _cue_writer(args, llm) if args.cues else None
     ingestor = Ingestor(
         store,
-        llm,
+        llm if args.mode == "extract" else None,
         guideline=_guideline(args.guideline),
         ledger=ledger,
         window=args.window,
@@ -198,6 +203,7 @@ def _ingest_run(
         checkpoint_every=args.checkpoint_every,
         redo_raw=args.redo_raw,
         progress=not args.no_progress,
+        cues=cue_writer or False,
     )
     sessions = sum(len(u.sessions) for u in users)
     _say(f"{args.source}: {len(users)} user(s), {sessions} sessions, mode {ingestor.mode}, into {out}")
@@ -214,12 +220,64 @@ def _ingest_run(
             f"+{report.facts_added} facts, {report.facts_updated} updated, {report.facts_rejected} refused, "
             f"{report.llm_calls} LLM calls, {report.consolidations} consolidation(s) merging {report.merged} cluster(s)"
         )
+        if cue_writer is not None:
+            per_fact = summary.get("cue_tokens_per_fact", 0)
+            print(
+                f"cues: {report.facts_cued} fact(s) cued, {report.facts_without_cues} left for `pgr cues build`; "
+                f"{report.cue_calls} LLM call(s), {report.cue_tokens} tokens ({per_fact} per fact)"
+            )
         for user, session, error in report.failed[:10]:
             print(f"  failed {user}/{session}: {error} (retried on the next run)")
         print(f"store: {out} ({len(store)} facts); ledger: {_ledger_path(out)}")
         first = users[0].scope.user_id
         print(f'search it: pgr retrieve --store {out} --user {first} "..."')
     return 1 if report.failed and not report.ingested else 0
+
+
+def _cue_writer(args: argparse.Namespace, llm: LLM | None) -> Any:
+    from .cues import CueCache, CueWriter
+
+    if llm is None:
+        raise ConfigurationError("cues are written by an LLM: set PGR_LLM_BASE_URL or pass --base-url")
+    return CueWriter(llm, cache=CueCache(args.cue_cache))
+
+
+def cmd_cues(args: argparse.Namespace) -> int:
+    """``pgr cues build``: backfill cues for every fact of a store that has none (resumable)."""
+    from .types import Scope
+    from .write._progress import ProgressBar
+
+    writer = _cue_writer(args, _llm(args, required="pgr cues build"))
+    out: Path = args.store
+    with _opened(out, args, "pgr cues build", create=False, cues=True) as store:
+        users = args.user or users_of(store.store)
+        reports = {}
+        for user in users:
+            bar = ProgressBar(f"cues {user}", None, enabled=not args.no_progress)
+            state = {"done": 0}
+
+            def tick(done: int, total: int, bar: Any = bar, state: dict[str, int] = state) -> None:
+                bar.total = total
+                bar.advance(done - state["done"])
+                state["done"] = done
+
+            try:
+                report = store.build(writer, scope=Scope(user_id=user), progress=tick)
+            finally:
+                bar.close()
+            reports[user] = report.to_dict()
+            if not args.json:
+                r = reports[user]
+                print(
+                    f"{user}: {r['cued']} fact(s) cued ({r['from_cache']} from the cache), {r['already_cued']} "
+                    f"already, {r['without_cues']} without (rerun to retry); {r['llm_calls']} LLM call(s), "
+                    f"{r['tokens']} tokens, {r['seconds_per_session']} s per session"
+                )
+        if args.json:
+            print(json.dumps({"store": str(out), "cue_index": str(store.cues.path), "users": reports}))
+        else:
+            print(f"cue index: {store.cues.path}; pgr retrieve --store {out} uses it")
+    return 0
 
 
 def cmd_consolidate(args: argparse.Namespace) -> int:
@@ -339,6 +397,10 @@ def _llm_options(p: argparse.ArgumentParser, *, timeout: float = 120.0) -> None:
     p.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
 
 
+def _cue_cache_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cue-cache", type=Path, default=Path(".pgr-cache/cues.sqlite3"), help="cues by fact text (SQLite)")
+
+
 def _lock_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lock-timeout",
@@ -382,6 +444,10 @@ def register(sub: Any) -> None:
     ing.add_argument("--redo-raw", action="store_true", help="extract again sessions that fell back to raw turns")
     ing.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     ing.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    ing.add_argument(
+        "--cues", action="store_true", help="write cues for each session's facts (one LLM call per session)"
+    )
+    _cue_cache_option(ing)
     _merge_options(ing)
     _lock_option(ing)
     _llm_options(ing)
@@ -397,6 +463,17 @@ def register(sub: Any) -> None:
     _lock_option(con)
     _llm_options(con)
     con.set_defaults(func=cmd_consolidate)
+
+    cue = sub.add_parser("cues", help="anticipatory memory: cues that let a plain search find what matters")
+    cue.add_argument("action", choices=["build"], help="build: backfill cues for facts that have none (resumable)")
+    cue.add_argument("--store", type=Path, required=True, help="a directory store or a .pgr file")
+    cue.add_argument("--user", action="append", default=[], help="only this user (repeatable; default: all)")
+    cue.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    cue.add_argument("--json", action="store_true")
+    _cue_cache_option(cue)
+    _lock_option(cue)
+    _llm_options(cue)
+    cue.set_defaults(func=cmd_cues)
 
     gl = sub.add_parser("guideline", help="the extraction guideline S: show it, or induce a better one")
     gl.add_argument("action", choices=["induce", "show"])

@@ -613,6 +613,7 @@ class PGR(Savings, Drivers):
                     via="neighbour" if hit.neighbour_of else "hit",
                     probes_hit=0 if hit.neighbour_of else 1,
                     beside=[hit.neighbour_of] if hit.neighbour_of else [],
+                    cue=hit.cue,
                 )
                 (rnd.new_neighbour_ids if hit.neighbour_of else rnd.new_fact_ids).append(hit.fact.id)
                 continue
@@ -621,6 +622,8 @@ class PGR(Savings, Drivers):
                 known.beside.append(hit.neighbour_of)  # it rides with this anchor too, hit or not
             if hit.neighbour_of is None:
                 known.probes_hit += 1
+                if hit.score > known.score:
+                    known.cue = hit.cue  # the cue (or None: the text) behind its best score
                 known.score = max(known.score, hit.score)
                 if known.via == "neighbour":  # reached directly now: it counts toward Δ
                     known.via = "hit"

@@ -450,6 +450,8 @@ class _QueryView:
             meta = [f'<span class="score">{_score(f.get("score"))}</span>']
             meta.append(f'<span class="tag">via {_e(f.get("via") or "hit")}</span>')
             meta.append(f'<span class="tag">round {_e(f.get("round"))}</span>')
+            if f.get("cue"):
+                meta.append(f'<span class="tag cue">through the cue &ldquo;{_e(f.get("cue"))}&rdquo;</span>')
             if f.get("date"):
                 meta.append(f'<span class="muted">{_e(f.get("date"))}</span>')
             probe = f.get("probe")

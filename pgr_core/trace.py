@@ -158,6 +158,7 @@ class FoundFact:
     via: Literal["hit", "neighbour"] = "hit"
     probes_hit: int = 1  # how many probes returned it directly
     beside: list[str] = field(default_factory=list)  # the hits whose window brought it in (a hit may have some)
+    cue: str | None = None  # the cue that scored its best hit, when a cue beat its text (Anticipating)
 
     @property
     def id(self) -> str:
@@ -179,6 +180,8 @@ class FoundFact:
             probes_hit=self.probes_hit,
             beside=list(self.beside),
         )
+        if self.cue is not None:
+            out["cue"] = self.cue
         return out
 
 

@@ -5,17 +5,21 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
+from loopback_llm import LoopbackLLM, ok
 
 from pgr_core import PGR, Anticipating, CueCache, CueWriter, EdgeStore, Fact, HashingEmbedder, InMemoryStore, Scope
-from pgr_core.anticipating import cue_ids
+from pgr_core.anticipating import cue_ids, cue_path_for
+from pgr_core.cli import main
 from pgr_core.cues import MAX_CUE_WORDS, check_cues
-from pgr_core.errors import InvalidArgumentError, LLMTimeoutError
+from pgr_core.errors import ConfigurationError, InvalidArgumentError, LLMTimeoutError
 from pgr_core.prospectors import quoted
 from pgr_core.testing import ScriptedLLM
 from pgr_core.types import SearchParams
+from pgr_core.write import Ingestor, Session, Turn
 
 U1 = Scope(user_id="u1")
 U2 = Scope(user_id="u2")
@@ -233,3 +237,92 @@ def test_edge_store_keeps_cues_in_its_own_directory_across_reopen(tmp_path: Any)
         assert [(h.fact.id, h.neighbour_of) for h in hits] == [("knee", None), ("car", "knee")]
         assert hits[0].cue == CUES[KNEE][0]
         wrapped.cues.close()  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- ingest and the CLI
+
+
+def _sessions() -> list[Session]:
+    return [
+        Session("s1", "2025-03-02", [Turn("user", KNEE), Turn("user", CAR)]),
+        Session("s2", "2025-04-10", [Turn("user", PIZZA)]),
+    ]
+
+
+def test_ingest_with_cues_makes_one_cue_call_per_session_and_reports_the_cost() -> None:
+    store = Anticipating(InMemoryStore(embedder=HashingEmbedder()))
+    llm = cue_llm({f"user: {t}": c for t, c in CUES.items()})  # raw turns read "speaker: text"
+    report = Ingestor(store, cues=CueWriter(llm)).ingest(_sessions(), scope=U1)
+    assert report.cue_calls == 2 == len(llm.calls)  # two sessions, two calls
+    assert (report.facts_cued, report.facts_without_cues) == (3, 0)
+    summary = report.to_dict()
+    assert summary["cue_calls_per_fact"] == pytest.approx(2 / 3, abs=1e-3) and summary["cue_tokens_per_fact"] > 0
+    hit = PGR(store).query_only("should I join a soccer league this summer?", scope=U1).facts[0]
+    assert "knee surgery" in hit.text and hit.cue == CUES[KNEE][0]
+    again = Ingestor(store, cues=CueWriter(llm)).ingest(_sessions(), scope=U1)  # ledger: nothing new
+    assert again.cue_calls == 0 and len(llm.calls) == 2
+
+
+def test_ingest_with_cues_needs_the_wrapper_and_an_llm() -> None:
+    with pytest.raises(ConfigurationError, match="Anticipating"):
+        Ingestor(InMemoryStore(embedder=HashingEmbedder()), cues=True)
+    with pytest.raises(ConfigurationError, match="needs an LLM"):
+        Ingestor(Anticipating(InMemoryStore(embedder=HashingEmbedder())), cues=True)
+
+
+def _cue_server_reply(request: Any) -> Any:
+    body = request.body or {}
+    known = {f"user: {t}": c for t, c in CUES.items()}
+    answer = {"cues": [{"id": h, "cues": known.get(t, [])} for h, t in asked_facts(body["messages"]).items()]}
+    return ok(json.dumps(answer))
+
+
+@pytest.mark.parametrize("kind", ["dir", "file"])
+def test_cli_ingest_cues_retrieve_and_build(tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    data = tmp_path / "d.jsonl"
+    sessions = [
+        {
+            "id": "s1",
+            "date": "2025-03-02",
+            "turns": [{"speaker": "user", "text": KNEE}, {"speaker": "user", "text": CAR}],
+        },
+        {"id": "s2", "date": "2025-04-10", "turns": [{"speaker": "user", "text": PIZZA}]},
+    ]
+    data.write_text(json.dumps({"user_id": "maya", "sessions": sessions}) + "\n", encoding="utf-8")
+    out = tmp_path / ("memory" if kind == "dir" else "memory.pgr")
+    common = ["--embedder", "hashing", "--cue-cache", str(tmp_path / "cues.sqlite3")]
+    with LoopbackLLM() as server:
+        server.default = _cue_server_reply
+        llm = ["--base-url", server.base_url, "--model", "m"]
+        argv = ["ingest", "jsonl", "--data", str(data), "--out", str(out), "--cues", "--json", "--no-progress"]
+        assert main([*argv, *common, *llm]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert (report["cue_calls"], report["facts_cued"], report["facts_in_store"]) == (2, 3, 3)
+        assert cue_path_for(out).is_dir()
+        query = ["retrieve", "should I join a soccer league this summer?", "--store", str(out), "--user", "maya"]
+        assert main([*query, "--query-only", "--json", "--embedder", "hashing", "--no-llm"]) == 0
+        top = json.loads(capsys.readouterr().out)["facts"][0]
+        assert "knee surgery" in top["text"] and top["cue"] == CUES[KNEE][0]
+        assert (
+            main(
+                [
+                    "retrieve",
+                    "soccer league",
+                    "--store",
+                    str(out),
+                    "--user",
+                    "nobody",
+                    "--query-only",
+                    "--json",
+                    "--embedder",
+                    "hashing",
+                    "--no-llm",
+                ]
+            )
+            == 0
+        )
+        assert json.loads(capsys.readouterr().out)["facts"] == []  # another user: nothing, cues included
+        calls = server.count
+        assert main(["cues", "build", "--store", str(out), "--json", "--no-progress", *common, *llm]) == 0
+        built = json.loads(capsys.readouterr().out)["users"]["maya"]
+        assert (built["already_cued"], built["llm_calls"]) == (3, 0) and server.count == calls

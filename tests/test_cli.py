@@ -112,6 +112,7 @@ _TIMEOUT_COMMANDS = {
     "ingest": ["ingest", "jsonl", "--data", "d.jsonl", "--out", "o.pgr"],
     "consolidate": ["consolidate", "--store", "s.pgr"],
     "guideline": ["guideline", "show"],
+    "cues": ["cues", "build", "--store", "s.pgr"],
 }
 
 

@@ -39,7 +39,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import LLMError, LLMOutputError
+from ..cues import CueWriter
+from ..errors import ConfigurationError, InvalidArgumentError, LLMError, LLMOutputError
 from ..llm import LLM
 from ..store import Store
 from ..types import Fact, Scope, SearchParams
@@ -83,9 +84,20 @@ class IngestReport:
     llm_calls: int = 0
     consolidations: int = 0
     merged: int = 0
+    facts_cued: int = 0  # Ingestor(cues=True): facts that got cues
+    facts_without_cues: int = 0  # ... and facts the model gave none (``pgr cues build`` retries them)
+    cue_calls: int = 0
+    cue_tokens: int = 0
+    cue_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.cue_calls:
+            asked = max(self.facts_cued + self.facts_without_cues, 1)
+            out["cue_calls_per_fact"] = round(self.cue_calls / asked, 4)
+            out["cue_tokens_per_fact"] = round(self.cue_tokens / asked, 1)
+            out["cue_seconds_per_session"] = round(self.cue_seconds / max(self.ingested, 1), 2)
+        return out
 
 
 def raw_facts(session: Session, scope: Scope, *, window: int = 1, speakers: Sequence[str] | None = None) -> list[Fact]:
@@ -137,6 +149,10 @@ class Ingestor:
     - ``checkpoint``: called to make the store durable (e.g. ``lambda: store.save(path)``) before
       ledger lines are written, every ``checkpoint_every`` sessions and at the end of a run.
     - ``progress``: draw a progress bar on stderr.
+    - ``cues``: write cues for each session's new and updated facts (one LLM call per session, with
+      ``llm`` or the :class:`~pgr_core.cues.CueWriter` given); the store must be an
+      :class:`~pgr_core.anticipating.Anticipating`. A session whose cues fail is still ingested; its
+      facts are cued by the next ``Anticipating.build`` (``pgr cues build``).
 
     ``max_facts`` (an attribute, 50): of one extraction reply, at most this many facts are read; the
     rest are counted in the report's ``facts_cut``.
@@ -162,7 +178,9 @@ class Ingestor:
         max_tokens: int = 800,
         temperature: float = 0.0,
         progress: bool = False,
+        cues: bool | CueWriter = False,
     ) -> None:
+        self.cue_writer = _cue_writer(store, llm, cues)
         self.writer: FactWriter = writer_for(store)
         self.store = store
         self.llm = llm
@@ -239,6 +257,13 @@ class Ingestor:
             return
         self.writer.put(facts)  # first: a crash before the deletions leaves extra facts, never none
         self._retire(session, scope, earlier, facts)
+        if self.cue_writer is not None and facts:
+            batch = self.store.cue(facts, self.cue_writer)
+            report.facts_cued += len(batch.cues)
+            report.facts_without_cues += len(batch.missing)
+            report.cue_calls += batch.calls
+            report.cue_tokens += batch.tokens
+            report.cue_seconds += sum(c.seconds for c in batch.completions)
         report.ingested += 1
         report.raw_fallback += status == "raw"
         entry = LedgerEntry(
@@ -457,6 +482,25 @@ class Ingestor:
         self._written.pop(scope, None)  # merges replaced facts: read the store again when needed
         report.consolidations += 1
         report.merged += result.merged
+
+
+def _cue_writer(store: Any, llm: LLM | None, cues: bool | CueWriter) -> CueWriter | None:
+    if cues is False or cues is None:
+        return None
+    from ..anticipating import Anticipating
+
+    if not isinstance(store, Anticipating):
+        raise ConfigurationError(
+            f"cues=True writes cues into a cue index: wrap the store first, Ingestor(Anticipating(store), ...); "
+            f"got {type(store).__name__}"
+        )
+    if isinstance(cues, CueWriter):
+        return cues
+    if cues is not True:
+        raise InvalidArgumentError(f"cues must be True, False or a CueWriter, got {cues!r}")
+    if llm is None:
+        raise ConfigurationError("cues=True needs an LLM to write the cues: pass llm= (or cues=CueWriter(llm))")
+    return CueWriter(llm)
 
 
 def _session_of(fact: Fact, scope: Scope) -> str | None:

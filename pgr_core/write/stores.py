@@ -54,8 +54,9 @@ class FactWriter:
             )
         self._put = put
         self.name = type(store).__name__
-        # mem0 makes its own ids on add: an update cannot keep the fact's id there
-        self.keeps_ids = self.name != "Mem0Store"
+        # mem0 makes its own ids on add: an update cannot keep the fact's id there (wrapped or not)
+        inner = getattr(store, "store", None) if self.name == "Anticipating" else store
+        self.keeps_ids = type(inner).__name__ != "Mem0Store"
 
     @property
     def embedder(self) -> Embedder | None:
