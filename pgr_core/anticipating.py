@@ -315,6 +315,12 @@ class Anticipating(AddsOneFact, Store):
             if callable(close):
                 close()
 
+    def __enter__(self) -> Anticipating:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def put_cues(self, cues: Mapping[str, Sequence[str]], facts: Sequence[Fact]) -> int:
         """Store ``cues`` (fact id → cue texts) for ``facts`` (their owners and texts); replaces any
         cues those facts had. Returns how many cue records were written."""

@@ -329,7 +329,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if args.dataset == "prefeval":
         options = {"kind": args.prefeval_kind, "fillers": args.fillers, "per_topic": args.per_topic}
-    data = load_set(args.dataset, args.data, **options).select(limit=args.limit, every=args.every)
+    data = load_set(args.dataset, args.data, **options).select(limit=args.limit, every=args.every, users=args.user)
     if not data.questions:
         _say("pgr: error: no questions with gold evidence or references in that selection")
         return 2
@@ -523,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--limit", type=positive_int, default=None, help="the first N questions (after --every)")
     ev.add_argument("--every", type=positive_int, default=1, help="every k-th question: a spread sample")
+    ev.add_argument("--user", action="append", default=[], help="only this user's questions and facts (repeatable)")
     ev.add_argument(
         "--json",
         type=Path,

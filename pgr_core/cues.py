@@ -204,6 +204,7 @@ class CueWriter:
     """Writes the cues of a session's facts with one LLM call.
 
     ``cues_per_fact`` (2-4) is what the prompt asks for; a fact keeps at least two usable cues or none.
+    ``max_tokens`` caps a reply (default: room for every fact's cues, at most 4,096).
     Facts are shown to the model as quoted data (``F1``, ``F2``... handles), so a fact that reads like
     an instruction is read, not obeyed. ``cache`` (a :class:`CueCache`) serves facts by text.
     """
@@ -214,7 +215,7 @@ class CueWriter:
         *,
         cues_per_fact: int = 3,
         cache: CueCache | None = None,
-        max_tokens: int = 900,
+        max_tokens: int | None = None,
         temperature: float = 0.0,
     ) -> None:
         if (
@@ -236,6 +237,10 @@ class CueWriter:
 
     def __repr__(self) -> str:
         return f"CueWriter({self.llm!r}, cues_per_fact={self.cues_per_fact})"
+
+    def _max_tokens(self, facts: int) -> int:
+        """The reply's ceiling: ``max_tokens`` when given, else room for every fact's cues."""
+        return self.max_tokens or min(4096, 150 + 25 * self.cues_per_fact * facts)
 
     def messages(self, facts: Sequence[Fact]) -> list[dict[str, str]]:
         lines = [f"F{i}: {quoted(f.text, _MAX_FACT_CHARS)}" for i, f in enumerate(facts, 1)]
@@ -279,7 +284,7 @@ class CueWriter:
         for attempt in range(2):
             try:
                 completion = self.llm.complete(
-                    messages, schema=CUE_SCHEMA, max_tokens=self.max_tokens, temperature=self.temperature
+                    messages, schema=CUE_SCHEMA, max_tokens=self._max_tokens(len(facts)), temperature=self.temperature
                 )
             except LLMError as exc:
                 batch.errors.append(f"{type(exc).__name__}: {exc}")

@@ -64,3 +64,35 @@ def test_adapter_examples_in_the_readme_are_the_ones_their_tests_run(adapter: st
         and isinstance(node.value, ast.Constant)
     )
     assert example.strip() in README.read_text(encoding="utf-8")
+
+
+def test_readme_anticipating_example(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The anticipatory-memory example runs as written: one extraction and one cue call at ingest,
+    none at search, and the knee fact comes first through its cue."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Anticipatory memory", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert code, "the anticipatory-memory section has no python example"
+    fact = "The user had knee surgery and may not run until September"
+    llm = ScriptedLLM(
+        [
+            {"facts": [{"text": fact, "type": "Identity", "entities": [], "date": None, "updates": None}]},
+            {"cues": [{"id": "F1", "cues": ["signing up for a 10k race in October", "planning a hiking weekend"]}]},
+        ]
+    )
+    monkeypatch.setattr(pgr_core, "OpenAICompatible", lambda **kwargs: llm)
+
+    class Edge:
+        @staticmethod
+        def open(path: str) -> EdgeStore:
+            return EdgeStore.open(tmp_path / path, embedder=HashingEmbedder())
+
+    monkeypatch.setattr(pgr_core, "EdgeStore", Edge)
+    exec(compile(code.group(1), str(README), "exec"), {})
+    out = capsys.readouterr().out
+    assert "1 fact(s) cued in 1 call(s)" in out
+    assert f"{fact} | found through: signing up for a 10k race in October" in out
+    assert len(llm.calls) == 2  # extraction and cues; the search made none
+    assert (tmp_path / "memory.edge" / "cues").is_dir()

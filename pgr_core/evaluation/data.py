@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -53,11 +53,27 @@ class EvalSet:
     questions: list[EvalQuestion]
     notes: list[str] = field(default_factory=list)  # what the loader had to do to the data
 
-    def select(self, *, limit: int | None = None, every: int = 1, only_gold: bool = True) -> EvalSet:
-        """Questions with gold (ids or references), every ``every``-th, then the first ``limit``."""
+    def select(
+        self,
+        *,
+        limit: int | None = None,
+        every: int = 1,
+        only_gold: bool = True,
+        users: Sequence[str] | None = None,
+    ) -> EvalSet:
+        """Questions with gold (ids or references), of ``users`` only when given (their ``user_id``),
+        every ``every``-th, then the first ``limit``; the facts of the owners those questions ask."""
         if every < 1 or (limit is not None and limit < 1):
             raise InvalidArgumentError("every and limit must be positive integers")
         qs = [q for q in self.questions if not only_gold or q.gold or q.missing or q.references]
+        if users:
+            wanted = set(users)
+            known = {q.scope.user_id for q in qs}
+            unknown = sorted(wanted - known)
+            if unknown:
+                some = ", ".join(sorted(map(str, known))[:10])
+                raise InvalidArgumentError(f"no questions for user(s) {', '.join(unknown)}; users here: {some}")
+            qs = [q for q in qs if q.scope.user_id in wanted]
         qs = qs[::every]
         if limit is not None:
             qs = qs[:limit]

@@ -1,0 +1,99 @@
+"""Query-only with and without cues, at the same number of facts, for several cue weights. No LLM call:
+the cues come from a cue cache a build filled (``pgr eval --cues`` or ``pgr cues build``).
+
+    python benchmarks/cue_weights.py --data ../shared/data/mq-lite/dev-facts.jsonl \
+        --cue-cache .pgr-cache/cues.sqlite3 --model qwen [--weights 0.7,0.8,0.9,1.0] [--json out.json]
+
+For each question, the question alone is searched (K = 20, τ = 0.3, as ``pgr eval``'s query-only) in the
+plain store and through ``Anticipating`` at each weight (a fact scores max(own, weight x best cue)), and
+recall@10 / recall@20 against the gold facts are averaged over the questions with gold. ``--model`` names
+the model that wrote the cues (the cue cache is keyed by model, prompt and cues per fact); facts the
+cache has no cues for are searched by their text alone, and their number is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pgr_core import PGR, Anticipating, CueCache, CueWriter
+from pgr_core.errors import LLMConnectionError
+from pgr_core.evaluation import load_set
+from pgr_core.evaluation.cache import disk_cached_embedder
+from pgr_core.evaluation.metrics import recall_at
+from pgr_core.evaluation.runner import build_store
+from pgr_core.llm import LLM, Completion
+
+
+class CacheOnly(LLM):
+    """Stands in for the model that wrote the cues: the cache answers, a miss is 'unreachable'."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.name = f"cache-only:{model}"
+
+    def complete(self, messages: Any, **kw: Any) -> Completion:
+        raise LLMConnectionError("cache only: no model is called")
+
+
+def recalls(store: Any, questions: list[Any], ks: list[int]) -> dict[str, float]:
+    pgr = PGR(store)
+    out: dict[int, list[float]] = {k: [] for k in ks}
+    for q in questions:
+        ids = pgr.query_only(q.question, scope=q.scope, date=q.date, top_k=max(ks)).ids
+        for k in ks:
+            out[k].append(recall_at(ids, q.gold, k, missing=q.missing))
+    return {f"recall@{k}": round(statistics.fmean(v), 4) for k, v in out.items()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--kind", default="jsonl", choices=["jsonl", "locomo"])
+    p.add_argument("--cue-cache", type=Path, required=True)
+    p.add_argument("--model", default="qwen", help="the model name the cues were cached under")
+    p.add_argument("--weights", default="0.6,0.7,0.8,0.9,1.0")
+    p.add_argument("--k", default="10,20")
+    p.add_argument("--vector-cache", type=Path, default=Path(".pgr-cache/vectors"))
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    ks = [int(k) for k in args.k.split(",")]
+    data = load_set(args.kind, args.data)
+    questions = [q for q in data.questions if q.gold]
+    from pgr_core import MiniLMEmbedder
+
+    embedder = disk_cached_embedder(MiniLMEmbedder(), args.vector_cache)
+    store = build_store(data.facts, embedder)
+    wrapped = Anticipating(store)
+    writer = CueWriter(CacheOnly(args.model), cache=CueCache(args.cue_cache))
+    started = time.perf_counter()
+    owners = list(dict.fromkeys(f.scope for f in store.facts))
+    built = [wrapped.build(writer, scope=o) for o in owners]
+    cued = sum(r.cued for r in built)
+    print(
+        f"{len(store.facts)} facts, {cued} with cues from the cache ({time.perf_counter() - started:.1f}s), "
+        f"{len(questions)} questions with gold",
+        file=sys.stderr,
+    )
+    rows: dict[str, dict[str, float]] = {"query-only (plain store)": recalls(store, questions, ks)}
+    for weight in [float(w) for w in args.weights.split(",")]:
+        wrapped.cue_weight = weight
+        rows[f"query-only over Anticipating, cue weight {weight:g}"] = recalls(wrapped, questions, ks)
+    header = "| method | " + " | ".join(f"recall@{k}" for k in ks) + " |"
+    print(header)
+    print("|---|" + "---|" * len(ks))
+    for name, row in rows.items():
+        print(f"| {name} | " + " | ".join(f"{row[f'recall@{k}']:.3f}" for k in ks) + " |")
+    if args.json:
+        report = {"data": str(args.data), "facts": len(store.facts), "cued": cued, "questions": len(questions)}
+        args.json.write_text(json.dumps(report | {"rows": rows}, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
