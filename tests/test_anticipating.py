@@ -326,3 +326,50 @@ def test_cli_ingest_cues_retrieve_and_build(tmp_path: Path, capsys: pytest.Captu
         assert main(["cues", "build", "--store", str(out), "--json", "--no-progress", *common, *llm]) == 0
         built = json.loads(capsys.readouterr().out)["users"]["maya"]
         assert (built["already_cued"], built["llm_calls"]) == (3, 0) and server.count == calls
+
+
+def test_pgr_eval_cues_finds_the_cued_reference_and_reuses_the_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    facts_ = [
+        {"id": "u1:f1", "text": KNEE, "session_id": "s1", "position": 0, "date": "2025-03-02"},
+        {"id": "u1:f2", "text": CAR, "session_id": "s1", "position": 1, "date": "2025-03-02"},
+        {"id": "u1:f3", "text": PIZZA, "session_id": "s2", "position": 0, "date": "2025-04-10"},
+    ] + [
+        {"id": f"u1:x{i}", "text": f"filler note {i} about soccer and league tables", "session_id": "s3", "position": i}
+        for i in range(20)
+    ]
+    query = {
+        "id": "u1:q1",
+        "query": "should I join a soccer league this summer",
+        "date": "2025-05-01",
+        "references": [{"text": "knee", "fact_ids": ["u1:f1"]}],
+    }
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"user_id": "u1", "facts": facts_, "queries": [query]}) + "\n", encoding="utf-8")
+    common = ["eval", "jsonl", "--data", str(data), "--methods", "query-only", "--embedder", "hashing"]
+    cache = ["--cache", str(tmp_path / "llm"), "--vector-cache", str(tmp_path / "vec")]
+    with LoopbackLLM() as server:
+        server.default = _cue_server_reply_by_text
+        llm = ["--base-url", server.base_url, "--model", "m", "--cue-cache", str(tmp_path / "cues.sqlite3")]
+        assert main([*common, *cache, "--json", str(tmp_path / "plain.json")]) == 0
+        plain = json.loads((tmp_path / "plain.json").read_text())
+        assert main([*common, *cache, *llm, "--cues", "--json", str(tmp_path / "cued.json")]) == 0
+        cued = json.loads((tmp_path / "cued.json").read_text())
+        first = server.count
+        assert first == 3  # one cue call per session
+        assert main([*common, *cache, *llm, "--cues", "--no-cache", "--json", str(tmp_path / "again.json")]) == 0
+        assert server.count == first  # the cue cache answered every fact
+    capsys.readouterr()
+    assert plain["methods"]["query-only"]["recall_at"]["10"] == 0.0  # 20 fillers are closer to the words
+    assert cued["methods"]["query-only"]["recall_at"]["10"] == 1.0
+    assert cued["cues"]["cued"] == 23 and cued["cues"]["llm_calls"] == 3
+
+
+def _cue_server_reply_by_text(request: Any) -> Any:
+    known = {KNEE: CUES[KNEE]}
+    asked = asked_facts((request.body or {})["messages"])
+    answer = {
+        "cues": [{"id": h, "cues": known.get(t, ["weekend chores", "a quiet evening"])} for h, t in asked.items()]
+    }
+    return ok(json.dumps(answer))
