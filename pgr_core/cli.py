@@ -339,7 +339,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.report_only:
         from .evaluation.runner import read_records
 
-        rows = read_records(records, data, overrides)
+        store_options = None
+        if args.cues:  # the records of a --cues run are filed under the cue writer that made them
+            from .cues import CueWriter
+
+            model = args.model or os.environ.get("PGR_LLM_MODEL") or os.environ.get("OPENAI_MODEL") or "default"
+            store_options = {"cues": CueWriter.identity_for(model), "cue_weight": args.cue_weight}
+        rows = read_records(records, data, overrides, store_options)
         if not rows:
             _say(f"pgr: error: no records for these settings at {records}: run without --report-only first")
             return 2

@@ -231,12 +231,16 @@ class CueWriter:
         self.cache = cache
         self.max_tokens = max_tokens
         self.temperature = temperature
-        model = str(getattr(llm, "model", None) or llm.name)
-        digest = hashlib.sha256(prompt("cues").encode("utf-8")).hexdigest()[:12]
-        self.identity = f"{model}|cues-{digest}|{cues_per_fact}"
+        self.identity = self.identity_for(str(getattr(llm, "model", None) or llm.name), cues_per_fact)
 
     def __repr__(self) -> str:
         return f"CueWriter({self.llm!r}, cues_per_fact={self.cues_per_fact})"
+
+    @staticmethod
+    def identity_for(model: str, cues_per_fact: int = 3) -> str:
+        """What the cue cache keys a writer's cues by: the model, the prompt's digest, cues per fact."""
+        digest = hashlib.sha256(prompt("cues").encode("utf-8")).hexdigest()[:12]
+        return f"{model}|cues-{digest}|{cues_per_fact}"
 
     def _max_tokens(self, facts: int) -> int:
         """The reply's ceiling: ``max_tokens`` when given, else room for every fact's cues."""

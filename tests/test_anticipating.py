@@ -361,6 +361,7 @@ def test_pgr_eval_cues_finds_the_cued_reference_and_reuses_the_cache(
         assert first == 3  # one cue call per session
         assert main([*common, *cache, *llm, "--cues", "--no-cache", "--json", str(tmp_path / "again.json")]) == 0
         assert server.count == first  # the cue cache answered every fact
+        assert main([*common, *cache, *llm, "--cues", "--report-only", "--json", str(tmp_path / "again.json")]) == 0
     capsys.readouterr()
     assert plain["methods"]["query-only"]["recall_at"]["10"] == 0.0  # 20 fillers are closer to the words
     assert cued["methods"]["query-only"]["recall_at"]["10"] == 1.0
