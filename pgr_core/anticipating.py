@@ -183,7 +183,9 @@ class Anticipating(AddsOneFact, Store):
         if not probes:
             return []
         base = self.store._checked_search(probes, scope, params)
-        wide = SearchParams(top_k=params.top_k * 2, min_score=params.min_score / self.cue_weight, window=0)
+        # a cue must reach min_score / cue_weight; above 1 none can (the cue score check below drops them)
+        floor = min(params.min_score / self.cue_weight, 1.0)
+        wide = SearchParams(top_k=params.top_k * 2, min_score=floor, window=0)
         by_cue = self.cues._checked_search(probes, scope, wide)
         merged: list[list[tuple[float, Fact | str, str | None]]] = []
         missing: dict[str, None] = {}

@@ -8,7 +8,7 @@ pytest.importorskip("qdrant_edge", reason="EdgeStore needs qdrant-edge-py: pip i
 
 from pgr_core import EdgeStore, HashingEmbedder
 from pgr_core.embedders import MiniLMEmbedder, minilm_available
-from pgr_core.testing.conformance import StoreConformance
+from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +49,7 @@ class TestHybridEdgeStore(TestEdgeStore):
     """Dense and BM25 fused by RRF: the tests that read scores as cosines skip (cosine_scores=False)."""
 
     hybrid = True
+
+
+class TestEdgeStoreAnticipating(AnticipatingConformance, TestEdgeStore):
+    """The suite through Anticipating(EdgeStore) (dense), and the cue path."""

@@ -6,7 +6,7 @@ import pytest
 
 from pgr_core import HashingEmbedder, InMemoryStore
 from pgr_core.embedders import MiniLMEmbedder, minilm_available
-from pgr_core.testing.conformance import StoreConformance
+from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance
 
 
 class _FailingEmbedder(HashingEmbedder):
@@ -38,3 +38,7 @@ class TestInMemoryStore(StoreConformance):
         store.add("a fact", scope={"user_id": "alice"})
         store.embedder = _FailingEmbedder()
         return store
+
+
+class TestInMemoryStoreAnticipating(AnticipatingConformance, TestInMemoryStore):
+    """The suite through Anticipating(InMemoryStore), and the cue path."""

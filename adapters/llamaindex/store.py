@@ -83,6 +83,8 @@ class RetrieverStore(Store):
     or the one passed as ``docstore=``; for a vector store that keeps the nodes itself (``stores_text``),
     from its ``get_nodes``. Each comes right after its anchor as ``Hit(neighbour_of=anchor id)``,
     ordered -1, +1, -2, +2... The ``window`` capability is declared only when such a lookup exists.
+    The same look-up serves facts by id (:meth:`get_many`) and the window of given hits
+    (:meth:`with_window`), which :class:`pgr_core.Anticipating` asks for the facts its cues found.
 
     Declare what you know about your data: ``cosine_scores=True`` when scores are cosine similarities
     (so τ means what it says), ``dates=True`` when every node carries a date.
@@ -175,6 +177,7 @@ class RetrieverStore(Store):
         self._lock = threading.Lock()
         self.retriever_calls = 0  # retrieve / aretrieve calls made, one per probe
         self.neighbour_lookups = 0  # docstore look-ups made for the window, one per level of it
+        self.id_lookups = 0  # docstore look-ups made by get_many, one per call
         self.out_of_scope_dropped = 0  # nodes the belt refused (their metadata names another owner)
         self.embed_batches = 0  # batch_embed: get_text_embedding_batch calls made, one per round
 
@@ -263,12 +266,7 @@ class RetrieverStore(Store):
                 )
             return _with_top_k(built, top_k)
         if self.scoping == "single_tenant":
-            if scope != self._tenant:
-                assert self._tenant is not None
-                raise ScopeError(
-                    f"this RetrieverStore holds only the data of {self._tenant.as_dict()} (single_tenant_scope); "
-                    f"it cannot answer for {scope.as_dict()}. Give it a scope_filter to serve other scopes"
-                )
+            self._check_tenant(scope)
             assert isinstance(self.retriever, BaseRetriever)
             return _with_top_k(self.retriever, top_k)
         filters = self._scope_filters(scope)
@@ -279,6 +277,15 @@ class RetrieverStore(Store):
         scoped._similarity_top_k = top_k
         scoped._filters = _and(self.retriever._filters, filters)
         return scoped
+
+    def _check_tenant(self, scope: Scope) -> None:
+        """A single-tenant store answers for its one scope only (ScopeError for any other)."""
+        if self.scoping == "single_tenant" and scope != self._tenant:
+            assert self._tenant is not None
+            raise ScopeError(
+                f"this RetrieverStore holds only the data of {self._tenant.as_dict()} (single_tenant_scope); "
+                f"it cannot answer for {scope.as_dict()}. Give it a scope_filter to serve other scopes"
+            )
 
     def _batch_embed_model(self, retriever: BaseRetriever) -> BaseEmbedding | None:
         """The embed model to batch a round's probes with, when ``batch_embed`` applies to ``retriever``."""
@@ -370,10 +377,67 @@ class RetrieverStore(Store):
             metadata=metadata,
         )
 
-    # ------------------------------------------------------------------ neighbour look-ups
+    # ------------------------------------------------------------------ facts by id, the window of given hits
 
-    def _fetch(self, node_ids: list[str]) -> dict[str, BaseNode]:
-        self._count(neighbour_lookups=1)
+    def get_many(self, fact_ids: Sequence[str], *, scope: Scope | Mapping[str, str]) -> dict[str, Fact]:
+        """fact id (node id) -> fact for those of ``fact_ids`` whose node ``scope`` may see (the owner
+        check a search makes), built as search hits are; unknown ids are left out. What
+        :class:`pgr_core.Anticipating` asks for the facts it found through their cues.
+
+        One look-up by id, the one the window uses: the docstore's ``get_nodes`` (and the vector
+        store's, for ids the docstore lacks). Counted in ``id_lookups``. A store with neither (a
+        retriever given without ``docstore=``) raises :class:`ConfigurationError`.
+        """
+        scope = Scope.coerce(scope)
+        self._check_tenant(scope)
+        self._check_lookup("fetch facts by id")
+        ids = list(dict.fromkeys(str(i) for i in fact_ids))
+        if not ids:
+            return {}
+        nodes = self._fetch(ids, counter="id_lookups")
+        out: dict[str, Fact] = {}
+        for fact_id in ids:
+            node = nodes.get(fact_id)
+            owner = self._owner(node, scope) if node is not None else None
+            if node is not None and owner is not None:
+                out[fact_id] = self.fact(node, owner)
+        return out
+
+    def with_window(
+        self, hits: Sequence[Hit], *, scope: Scope | Mapping[str, str], window: int
+    ) -> dict[str, list[Hit]]:
+        """The ±window neighbours of each hit's node along its PREVIOUS/NEXT chain, as a search's window
+        brings them: fact id -> neighbour hits (ordered -1, +1, -2, +2...). One look-up for the anchors'
+        nodes (a Fact does not carry the relationships), then one per level of the window."""
+        scope = Scope.coerce(scope)
+        self._check_tenant(scope)
+        if window < 1 or not self.capabilities.window:
+            return {}
+        anchors = {h.fact.id: h for h in hits if h.neighbour_of is None}
+        if not anchors:
+            return {}
+        nodes = self._fetch(list(anchors))
+        pairs = [(hit, nodes[i]) for i, hit in anchors.items() if i in nodes and self._owner(nodes[i], scope)]
+        neighbours = _run_walk(_walk_neighbours([node for _, node in pairs], window), self._fetch)
+        out: dict[str, list[Hit]] = {}
+        for hit, node in pairs:
+            found = [h for h, _ in self._with_neighbours([(hit, node)], neighbours, scope)[1:]]
+            if found:
+                out[hit.fact.id] = found
+        return out
+
+    def _check_lookup(self, what: str) -> None:
+        if self.docstore is None and self._node_store is None:
+            raise ConfigurationError(
+                f"this RetrieverStore cannot {what}: it has no docstore and its vector store keeps no nodes; "
+                "pass docstore=<the docstore holding the nodes> (a VectorStoreIndex or VectorIndexRetriever "
+                "brings its own)"
+            )
+
+    # ------------------------------------------------------------------ look-ups by node id
+
+    def _fetch(self, node_ids: list[str], counter: str = "neighbour_lookups") -> dict[str, BaseNode]:
+        self._count(**{counter: 1})
         found: dict[str, BaseNode] = {}
         try:
             if self.docstore is not None:

@@ -16,6 +16,7 @@ cosine between the probe and that sentence, embedded with mem0's own embedder (o
 the probes and the relations together), must clear τ, and takes its place in the ranking by that score.
 
 mem0 keeps no turn order, so there is no temporal window (``capabilities.window`` is False).
+Facts by id (:meth:`Mem0Store.get_many`) are one ``memory.get`` each: mem0 has no batch get.
 
 Owners and dates (see :mod:`._records`): a record whose owner ids are not plain strings is dropped from
 a search and counted in ``Mem0Store.out_of_scope_dropped`` (the search goes on with the rest), and a
@@ -64,6 +65,7 @@ SearchPath = Literal["auto", "batch", "search"]
 # are created with COSINE distance). Other providers may return distances; τ would not mean cosine.
 _COSINE_PROVIDERS = frozenset({"qdrant"})
 _PGR_ARGUMENTS = frozenset({"strategy", "config", "embedder"}) | frozenset(PGRConfig.__dataclass_fields__)
+_RELATION_ID = "rel-"  # the id prefix of a graph relation's fact (._records.relation_fact)
 # mem0's graph store keys every node by user_id; mem0's add() writes "user" when none is given.
 _GRAPH_NEEDS_USER = "mem0 graph memory (1.0.x) keys every relation by user_id: add user_id to the scope"
 
@@ -305,6 +307,42 @@ class Mem0Store(Store):
                 score = float(probe_rows[p] @ sentence_rows[rel.text])
                 if score >= min_score:
                     per_probe[p].append((rel, score))
+
+    # ================================================================== facts by id
+
+    def get_many(self, fact_ids: Sequence[str], *, scope: Scope | Mapping[str, str]) -> dict[str, Fact]:
+        """fact id -> fact for those of ``fact_ids`` (mem0 memory ids) that ``scope`` may see, built as
+        ``memory.search`` items are (:class:`Mem0Fact`); what :class:`pgr_core.Anticipating` asks for
+        the facts it found through their cues.
+
+        Left out: unknown ids, memories whose owner ids are not plainly ones ``scope`` allows, expired
+        memories (as a search hides them) and graph relations (they have no memory id). mem0 has no
+        batch get, so this is one ``memory.get`` per id (run concurrently on an ``AsyncMemory``).
+        """
+        scope = Scope.coerce(scope)
+        ids = [i for i in dict.fromkeys(str(i) for i in fact_ids) if not i.startswith(_RELATION_ID)]
+        if not ids:
+            return {}
+        try:
+            items = _run_sync(self._aget_items(ids)) if self.is_async else [self.memory.get(i) for i in ids]
+        except (StoreError, InvalidArgumentError):
+            raise
+        except Exception as exc:
+            self._last_error = exc
+            raise StoreError(f"mem0 get failed: {type(exc).__name__}: {exc}") from exc
+        out: dict[str, Fact] = {}
+        for fact_id, item in zip(ids, items, strict=True):
+            if not isinstance(item, Mapping) or not visible_to(item, scope):
+                continue
+            if not self._show_expired and expired(item):
+                continue
+            fact = fact_from_item(item)
+            if fact is not None and fact.id == fact_id:
+                out[fact_id] = fact
+        return out
+
+    async def _aget_items(self, ids: list[str]) -> list[Any]:
+        return list(await asyncio.gather(*(self.memory.get(i) for i in ids)))
 
     # ================================================================== writing
 

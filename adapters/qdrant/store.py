@@ -4,7 +4,10 @@
 to query, which payload key holds the text, whether points carry a session and a position) and never
 creates, re-indexes or rewrites anything on search. Each round of probes is one embedding call and
 one ``query_batch_points`` call, with the caller's scope as a payload filter on every request; the
-temporal window adds one ``scroll`` for the neighbours of that round's hits.
+temporal window adds one ``scroll`` for the neighbours of that round's hits. Facts by id
+(:meth:`QdrantStore.get_many`) and the window of given hits (:meth:`QdrantStore.with_window`), which
+:class:`pgr_core.Anticipating` asks for the facts it found through their cues, are one ``scroll`` each,
+under the same scope filter.
 
 Payload layout read (and written by :meth:`QdrantStore.upsert_facts`)::
 
@@ -347,19 +350,8 @@ class QdrantStore(Store):
         with self._backend("query_batch_points"):
             responses = self._sync.query_batch_points(self.collection, requests=requests)
         direct = self._direct(responses, scope)
-        neighbours = self._neighbour_filter(direct, condition, params)
-        records: list[Any] = []
-        if neighbours is not None:
-            flt, limit = neighbours
-            offset = None
-            with self._backend("scroll (window)"):
-                while True:  # one page unless many facts share a session position
-                    page, offset = self._sync.scroll(
-                        self.collection, scroll_filter=flt, limit=limit, offset=offset, with_payload=True
-                    )
-                    records.extend(page)
-                    if offset is None:
-                        break
+        neighbours = self._neighbour_filter(direct, condition, params.window)
+        records = self._scroll_all(*neighbours, what="scroll (window)") if neighbours is not None else []
         return self._assemble(direct, records, params.window if neighbours else 0, scope)
 
     async def asearch_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
@@ -377,20 +369,101 @@ class QdrantStore(Store):
         async with self._abackend("query_batch_points"):
             responses = await self._aio.query_batch_points(self.collection, requests=requests)
         direct = self._direct(responses, scope)
-        neighbours = self._neighbour_filter(direct, condition, params)
-        records: list[Any] = []
-        if neighbours is not None:
-            flt, limit = neighbours
-            offset = None
-            async with self._abackend("scroll (window)"):
-                while True:
-                    page, offset = await self._aio.scroll(
-                        self.collection, scroll_filter=flt, limit=limit, offset=offset, with_payload=True
-                    )
-                    records.extend(page)
-                    if offset is None:
-                        break
+        neighbours = self._neighbour_filter(direct, condition, params.window)
+        records = await self._ascroll_all(*neighbours, what="scroll (window)") if neighbours is not None else []
         return self._assemble(direct, records, params.window if neighbours else 0, scope)
+
+    # -- facts by id, and the window of given hits (what pgr_core.Anticipating asks of a store)
+
+    def get_many(self, fact_ids: Sequence[str], *, scope: Scope | Mapping[str, str]) -> dict[str, Fact]:
+        """fact id -> fact for those of ``fact_ids`` that ``scope`` may see, built as a search builds its
+        hits (:meth:`fact_from_payload`); unknown ids and other owners' points are left out.
+
+        One ``scroll`` (paged only past a page of matches) whose filter is the scope's conditions AND
+        the ids, as point ids (:meth:`point_id`, for points pgr wrote or keyed by their fact id) or as
+        the ``fact_id`` payload key. The points that come back pass the owner check a search makes."""
+        scope = Scope.coerce(scope)
+        wanted = list(dict.fromkeys(str(i) for i in fact_ids))
+        condition = self.scope_conditions(scope)
+        if not wanted:
+            return {}
+        layout = self._layout if self._layout and self._layout.text_key else self.inspect()
+        if layout.text_key is None:  # an empty collection
+            return {}
+        by_id = qm.Filter(
+            should=[
+                qm.HasIdCondition(has_id=list(dict.fromkeys(self.point_id(i) for i in wanted))),
+                qm.FieldCondition(key=FACT_ID_KEY, match=qm.MatchAny(any=wanted)),
+            ]
+        )
+        flt = qm.Filter(must=[*condition, by_id])
+        limit = max(64, 2 * len(wanted))
+        if self._async:
+            records = self._blocking(self._ascroll_all(flt, limit, what="scroll (facts by id)"))
+        else:
+            records = self._scroll_all(flt, limit, what="scroll (facts by id)")
+        found: dict[str, Fact] = {}
+        for record in self._visible(records, scope):
+            fact = self.fact_from_payload(record.id, record.payload or {})
+            found.setdefault(fact.id, fact)
+        return {i: found[i] for i in wanted if i in found}  # in the order asked
+
+    def with_window(
+        self, hits: Sequence[Hit], *, scope: Scope | Mapping[str, str], window: int
+    ) -> dict[str, list[Hit]]:
+        """The ±window same-session neighbours of each hit's fact, as a search's window brings them
+        (same owner and session, nearest first): fact id -> neighbour hits. One ``scroll`` under the
+        scope for all of them; nothing when the collection keeps no turn order."""
+        scope = Scope.coerce(scope)
+        condition = self.scope_conditions(scope)
+        if window < 1 or not self.capabilities.window:
+            return {}
+        anchors = list({h.fact.id: h for h in hits if h.neighbour_of is None}.values())
+        found = [_Found(h, h.fact.session_id, h.fact.position) for h in anchors]
+        # a Fact's session id is the payload value as a string: ask for an integer session id too
+        as_int = [
+            _Found(f.hit, int(f.session), f.position)
+            for f in found
+            if isinstance(f.session, str) and f.session.isascii() and f.session.isdigit()
+        ]
+        neighbours = self._neighbour_filter([found + as_int], condition, window)
+        if neighbours is None:
+            return {}
+        if self._async:
+            records = self._blocking(self._ascroll_all(*neighbours, what="scroll (window)"))
+        else:
+            records = self._scroll_all(*neighbours, what="scroll (window)")
+        out: dict[str, list[Hit]] = {}
+        for hit in self._assemble([found], records, window, scope)[0]:
+            if hit.neighbour_of is not None:
+                out.setdefault(hit.neighbour_of, []).append(hit)
+        return out
+
+    def _scroll_all(self, flt: qm.Filter, limit: int, *, what: str) -> list[Any]:
+        """Every point ``flt`` matches, with payloads: one ``scroll`` page unless more match."""
+        records: list[Any] = []
+        offset = None
+        with self._backend(what):
+            while True:
+                page, offset = self._sync.scroll(
+                    self.collection, scroll_filter=flt, limit=limit, offset=offset, with_payload=True
+                )
+                records.extend(page)
+                if offset is None:
+                    return records
+
+    async def _ascroll_all(self, flt: qm.Filter, limit: int, *, what: str) -> list[Any]:
+        """Async twin of :meth:`_scroll_all`."""
+        records: list[Any] = []
+        offset = None
+        async with self._abackend(what):
+            while True:
+                page, offset = await self._aio.scroll(
+                    self.collection, scroll_filter=flt, limit=limit, offset=offset, with_payload=True
+                )
+                records.extend(page)
+                if offset is None:
+                    return records
 
     # -- the steps of one search, shared by the sync and async paths
 
@@ -510,18 +583,18 @@ class QdrantStore(Store):
         return kept
 
     def _neighbour_filter(
-        self, direct: list[list[_Found]], condition: list[qm.Condition], params: SearchParams
+        self, direct: list[list[_Found]], condition: list[qm.Condition], window: int
     ) -> tuple[qm.Filter, int] | None:
         """One filter for every neighbour of this round's hits: the scope, and per session the
         positions within ±window of an anchor."""
-        if not params.window or not self.capabilities.window:
+        if not window or not self.capabilities.window:
             return None
         wanted: dict[Any, set[int]] = {}
         for found in (f for lst in direct for f in lst):
             if found.session is None or found.position is None or not isinstance(found.session, str | int):
                 continue
             positions = wanted.setdefault(found.session, set())
-            for d in range(1, params.window + 1):
+            for d in range(1, window + 1):
                 positions.update(p for p in (found.position - d, found.position + d) if p >= 0)
         if not wanted:
             return None

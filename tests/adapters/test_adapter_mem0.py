@@ -35,7 +35,8 @@ from mem0 import AsyncMemory, Memory  # noqa: E402
 from pgr_adapters.mem0 import Mem0Fact, Mem0Store  # noqa: E402
 
 from pgr_core import PGR, Fact, Scope, ScopeError, SearchParams, StoreError, plugins  # noqa: E402
-from pgr_core.testing.conformance import StoreConformance, conformance_corpus  # noqa: E402
+from pgr_core.embedders import MiniLMEmbedder  # noqa: E402
+from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus  # noqa: E402
 
 ALICE = Scope(user_id="alice")
 SOCCER = "Should I join a soccer league this summer?"
@@ -98,6 +99,13 @@ def minilm_loaded_once() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def embedder() -> MiniLMEmbedder:
+    """pgr's MiniLM (the same model files mem0's embedder loads), for the cue index of the Anticipating
+    suite."""
+    return MiniLMEmbedder()
+
+
 @pytest.fixture
 def new_memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
     built: list[Any] = []
@@ -147,6 +155,31 @@ class TestMem0SearchPath(TestMem0):
     """The fallback path: memory.search once per probe (2.x scores are fused, so no cosine claim)."""
 
     search_path = "search"
+
+
+class TestMem0Anticipating(AnticipatingConformance, TestMem0):
+    """The suite through ``Anticipating(Mem0Store)``: cue-only hits come from ``get_many`` (memory.get)."""
+
+    def delete_behind_the_wrapper(self, inner: Any, fact: Fact) -> None:
+        inner.memory.delete(fact.id)
+
+
+def test_get_many_is_memory_get_per_id_under_the_scope(memory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    params = SearchParams(top_k=1, min_score=0.0)
+    batch = Mem0Store(memory)._checked_search(["knee injury", "vegetarian dinner"], ALICE, params)
+    by_search = Mem0Store(memory, search_path="search")._checked_search(["knee injury"], ALICE, params)
+    bob = Mem0Store(memory)._checked_search(["marathons"], Scope(user_id="bob"), params)[0][0].fact
+    knee, dinner = batch[0][0].fact, batch[1][0].fact
+    gets = _spy(monkeypatch, memory, "get")
+    unknown = "00000000-0000-4000-8000-000000000000"
+    got = Mem0Store(memory).get_many([knee.id, bob.id, unknown, dinner.id, "rel-abc"], scope=ALICE)
+    assert list(got) == [knee.id, dinner.id]  # Bob's memory, an unknown id and a relation id left out
+    assert got[knee.id] == knee == by_search[0][0].fact  # as both search paths build it
+    assert isinstance(got[knee.id], Mem0Fact) and got[knee.id].record["hash"] == knee.record["hash"]
+    assert len(gets) == 4  # one memory.get per memory id: mem0 has no batch get
+    run = Scope(user_id="alice", agent_id="planner", run_id="run-7")
+    assert list(Mem0Store(memory).get_many([knee.id, dinner.id], scope=run)) == [dinner.id]
+    assert Mem0Store(memory).get_many([], scope=ALICE) == {}
 
 
 # ---------------------------------------------------------------------- how rounds reach mem0

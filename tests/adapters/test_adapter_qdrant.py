@@ -32,7 +32,7 @@ from pgr_core import (
     StoreError,
 )
 from pgr_core.embedders import MiniLMEmbedder, minilm_available
-from pgr_core.testing.conformance import StoreConformance, conformance_corpus
+from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus
 
 ALICE = Scope(user_id="alice")
 DIM = 384
@@ -202,6 +202,61 @@ class TestQdrantAsyncLocal(StoreConformance):
         result = asyncio.run(PGR(store, strategy="facet").aretrieve("Should I start running again?", scope=ALICE))
         assert result.facts and not result.degraded
         assert "a0" in result.ids
+
+
+# ====================================================================== through Anticipating: facts by id
+
+
+class TestQdrantLocalAnticipating(AnticipatingConformance, TestQdrantLocal):
+    """The suite through ``Anticipating(QdrantStore)``: cue-only hits come from ``get_many`` and
+    ``with_window`` (one scroll each)."""
+
+    def delete_behind_the_wrapper(self, inner, fact):
+        inner.client.delete(inner.collection, points_selector=qm.PointIdsList(points=[inner.point_id(fact.id)]))
+
+
+class TestQdrantAsyncLocalAnticipating(AnticipatingConformance, TestQdrantAsyncLocal):
+    """The same on a local ``AsyncQdrantClient`` (the sync get_many runs it on a private loop)."""
+
+    def delete_behind_the_wrapper(self, inner, fact):
+        selector = qm.PointIdsList(points=[inner.point_id(fact.id)])
+        asyncio.run(inner.client.delete(inner.collection, points_selector=selector))
+
+
+def test_get_many_and_with_window_are_one_scoped_scroll_each(embedder):
+    store = QdrantStore.create_collection(QdrantClient(":memory:"), "facts", DIM, embedder=embedder)
+    store.upsert_facts(conformance_corpus())
+    searched = store.search_batch(["knee injury"], scope=ALICE, params=SearchParams(top_k=1, min_score=0.0))[0][0]
+    scrolls = _spy(store.client, "scroll")
+
+    got = store.get_many(["a0", "b0", "run0", "no-such-fact", "a0"], scope=ALICE)
+    assert list(got) == ["a0", "run0"]  # Bob's fact and the unknown id left out
+    assert got["a0"] == searched.fact  # built as the search builds it: id, text, owner, dates, session
+    assert store.get_many(["a0"], scope=Scope(user_id="alice", agent_id="planner")) == {}
+    assert store.get_many([], scope=ALICE) == {}
+    assert len(scrolls) == 2  # one per call that had ids to fetch
+    must = scrolls[0][1]["scroll_filter"].must
+    assert qm.FieldCondition(key="user_id", match=qm.MatchValue(value="alice")) in must
+
+    scrolls.clear()
+    windows = store.with_window([searched], scope=ALICE, window=1)
+    assert len(scrolls) == 1
+    assert [(h.fact.id, h.neighbour_of) for h in windows["a0"]] == [("a1", "a0")]
+    expected = store.search_batch(["knee injury"], scope=ALICE, params=SearchParams(top_k=1, min_score=0.0, window=1))
+    assert windows["a0"] == expected[0][1:]
+    assert store.with_window([searched], scope=Scope(user_id="bob"), window=1) == {}
+
+
+def test_get_many_finds_points_of_a_collection_written_by_others(embedder):
+    client = QdrantClient(":memory:")
+    texts = _mem0_like(client, embedder, named=None)
+    store = QdrantStore(client, "memories", embedder=embedder)
+    hits = store.search_batch(texts[:2], scope=ALICE, params=SearchParams(top_k=1, min_score=0.0))
+    ids = [lst[0].fact.id for lst in hits]  # mem0's point ids: no fact_id in the payload
+    got = store.get_many(ids, scope=ALICE)
+    assert [got[i] for i in ids] == [lst[0].fact for lst in hits]
+    assert store.get_many(ids, scope=Scope(user_id="bob")) == {}
+    assert store.with_window([lst[0] for lst in hits], scope=ALICE, window=1) == {}  # no turn order kept
 
 
 # ====================================================================== congruence with InMemoryStore
