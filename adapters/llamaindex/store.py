@@ -84,7 +84,8 @@ class RetrieverStore(Store):
     from its ``get_nodes``. Each comes right after its anchor as ``Hit(neighbour_of=anchor id)``,
     ordered -1, +1, -2, +2... The ``window`` capability is declared only when such a lookup exists.
     The same look-up serves facts by id (:meth:`get_many`) and the window of given hits
-    (:meth:`with_window`), which :class:`pgr_core.Anticipating` asks for the facts its cues found.
+    (:meth:`with_window`), which :class:`pgr_core.Anticipating` asks for the facts its cues found,
+    and the listing of every fact of a scope (:meth:`facts_for`) that ``Anticipating.build`` backfills.
 
     Declare what you know about your data: ``cosine_scores=True`` when scores are cosine similarities
     (so τ means what it says), ``dates=True`` when every node carries a date.
@@ -165,6 +166,7 @@ class RetrieverStore(Store):
         if docstore is None and isinstance(retriever, VectorStoreIndex | VectorIndexRetriever):
             docstore = retriever.docstore if isinstance(retriever, VectorStoreIndex) else retriever._docstore
         self.docstore = docstore
+        self._index = index if isinstance(index, VectorStoreIndex) else None
         vector_store = getattr(index, "vector_store", None) if isinstance(index, VectorStoreIndex) else None
         self._node_store = vector_store if getattr(vector_store, "stores_text", False) else None
         # instance-level: what a retriever can do depends on the retriever and on what the user declares
@@ -300,16 +302,18 @@ class RetrieverStore(Store):
             condition=FilterCondition.AND,
         )
 
-    def _owner(self, node: BaseNode, scope: Scope) -> Scope | None:
+    def _owner(self, node: BaseNode, scope: Scope, *, vouched: bool | None = None) -> Scope | None:
         """The scope a node belongs to, from its metadata; None when ``scope`` may not see it.
 
         Under ``scope_filter`` or ``single_tenant_scope`` the scoping vouches for the fields a node's
         metadata leaves out; under metadata filters a missing key means the backend ignored the filter.
+        ``vouched`` overrides that (:meth:`facts_for` lists nodes no scoped retriever chose).
         """
         owner = owner_fields(node.metadata or {}, self.scope_keys)
         if owner is None:
             return None  # a list or a number names no one plainly: the node is nobody's
-        if self.scoping != "metadata_filters":
+        fill_in = self.scoping != "metadata_filters" if vouched is None else vouched
+        if fill_in:
             for field, value in scope.as_dict().items():
                 owner.setdefault(field, value)
         if not owner:
@@ -425,6 +429,77 @@ class RetrieverStore(Store):
             if found:
                 out[hit.fact.id] = found
         return out
+
+    def facts_for(self, scope: Scope | Mapping[str, str]) -> list[Fact]:
+        """Every node ``scope`` may see, as a fact built as search hits are (:meth:`fact`): what
+        :meth:`pgr_core.Anticipating.build` backfills cues for. Reads only; nothing is written.
+
+        The nodes are the index's (its ``index_struct`` node ids, from its docstore; every node of a
+        docstore given as ``docstore=``) and, for a vector store that keeps the nodes itself
+        (``stores_text``), its ``get_nodes`` (under the scope's metadata filters when the store is scoped
+        by them). Each passes the owner check a search makes. Under ``scope_filter``, the retriever it
+        builds for ``scope`` says where the scope's nodes are: an unfiltered ``VectorIndexRetriever``'s
+        index is that scope's (its nodes are the scope's, as its search hits are); otherwise the store's
+        own nodes are listed and a node counts only when its metadata names an owner ``scope`` allows.
+        A store with neither look-up raises the :class:`ConfigurationError` :meth:`get_many` raises.
+        """
+        scope = Scope.coerce(scope)
+        self._check_tenant(scope)
+        index, docstore, node_store, vouched = self._index, self.docstore, self._node_store, None
+        filters = self._scope_filters(scope) if self.scoping == "metadata_filters" else None
+        if self.scoping == "scope_filter":
+            built = self._scoped_retriever(scope, 1)
+            vouched = False
+            if isinstance(built, VectorIndexRetriever):
+                index, docstore, filters = built._index, built._docstore, built._filters
+                vector_store = getattr(index, "vector_store", None)
+                node_store = vector_store if getattr(vector_store, "stores_text", False) else None
+                vouched = filters is None or not filters.filters
+        if docstore is None and node_store is None:
+            self._check_lookup("list its facts")
+        found: dict[str, Fact] = {}
+        for node in self._list_nodes(index, docstore, node_store, filters):
+            owner = self._owner(node, scope, vouched=vouched)
+            if owner is not None:
+                fact = self.fact(node, owner)
+                if fact.text.strip():
+                    found.setdefault(fact.id, fact)
+        return list(found.values())
+
+    def _list_nodes(
+        self,
+        index: VectorStoreIndex | None,
+        docstore: BaseDocumentStore | None,
+        node_store: Any,
+        filters: MetadataFilters | None,
+    ) -> list[BaseNode]:
+        """The nodes of an index (or of a docstore given alone), then those its vector store keeps."""
+        nodes: dict[str, BaseNode] = {}
+        try:
+            if docstore is not None:
+                if index is not None:
+                    ids = list(dict.fromkeys(index.index_struct.nodes_dict.values()))
+                    listed = docstore.get_nodes(ids, raise_error=False) if ids else []
+                else:
+                    listed = list(docstore.docs.values())
+                nodes.update((n.node_id, n) for n in listed if n)
+            if node_store is not None:
+                try:
+                    nodes.update(
+                        (n.node_id, n) for n in node_store.get_nodes(filters=filters) if n.node_id not in nodes
+                    )
+                except NotImplementedError:
+                    if docstore is None:
+                        raise ConfigurationError(
+                            f"this RetrieverStore cannot list its facts: {type(node_store).__name__} cannot list "
+                            "its nodes (get_nodes) and there is no docstore; pass docstore=<the docstore holding "
+                            "the nodes>"
+                        ) from None
+        except PGRError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"listing the nodes failed: {exc}") from exc
+        return list(nodes.values())
 
     def _check_lookup(self, what: str) -> None:
         if self.docstore is None and self._node_store is None:

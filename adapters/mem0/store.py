@@ -16,7 +16,9 @@ cosine between the probe and that sentence, embedded with mem0's own embedder (o
 the probes and the relations together), must clear τ, and takes its place in the ranking by that score.
 
 mem0 keeps no turn order, so there is no temporal window (``capabilities.window`` is False).
-Facts by id (:meth:`Mem0Store.get_many`) are one ``memory.get`` each: mem0 has no batch get.
+Facts by id (:meth:`Mem0Store.get_many`) are one ``memory.get`` each: mem0 has no batch get. Every
+fact of a scope (:meth:`Mem0Store.facts_for`, what ``Anticipating.build`` backfills cues for) is
+``memory.get_all`` under that scope.
 
 Owners and dates (see :mod:`._records`): a record whose owner ids are not plain strings is dropped from
 a search and counted in ``Mem0Store.out_of_scope_dropped`` (the search goes on with the rest), and a
@@ -66,6 +68,7 @@ SearchPath = Literal["auto", "batch", "search"]
 _COSINE_PROVIDERS = frozenset({"qdrant"})
 _PGR_ARGUMENTS = frozenset({"strategy", "config", "embedder"}) | frozenset(PGRConfig.__dataclass_fields__)
 _RELATION_ID = "rel-"  # the id prefix of a graph relation's fact (._records.relation_fact)
+_LIST_PAGE = 1000  # memories asked of get_all at first by facts_for (doubled while a page comes back full)
 # mem0's graph store keys every node by user_id; mem0's add() writes "user" when none is given.
 _GRAPH_NEEDS_USER = "mem0 graph memory (1.0.x) keys every relation by user_id: add user_id to the scope"
 
@@ -344,6 +347,70 @@ class Mem0Store(Store):
     async def _aget_items(self, ids: list[str]) -> list[Any]:
         return list(await asyncio.gather(*(self.memory.get(i) for i in ids)))
 
+    # ================================================================== every fact of a scope
+
+    def facts_for(self, scope: Scope | Mapping[str, str]) -> list[Fact]:
+        """Every memory ``scope`` may see, built as ``memory.search`` items are (:class:`Mem0Fact`):
+        what :meth:`pgr_core.Anticipating.build` backfills cues for. Reads only; nothing is written.
+
+        ``memory.get_all`` with the scope the way the installed mem0 wants it (2.x: inside ``filters``,
+        ``top_k=``; 1.0.x: top-level ids, ``limit=``). mem0 has no offset, so a page that comes back
+        full is asked for again with twice the limit, until one comes back short. Expired memories
+        are left out as a search leaves them out, and so are graph relations (they have no memory id).
+        A record whose owner ids are not plainly ones ``scope`` allows is dropped and counted in
+        ``out_of_scope_dropped``, as a search does.
+        """
+        scope = Scope.coerce(scope)
+        self._check_scope(scope)
+        try:
+            items = _run_sync(self._aget_all(scope)) if self.is_async else self._get_all(scope)
+        except (StoreError, InvalidArgumentError):
+            raise
+        except Exception as exc:
+            self._last_error = exc
+            raise StoreError(f"mem0 get_all failed: {type(exc).__name__}: {exc}") from exc
+        found: dict[str, Fact] = {}
+        for item in items:
+            if not isinstance(item, Mapping) or not visible_to(item, scope):
+                self._foreign(item.get("id") if isinstance(item, Mapping) else None, scope)
+                continue
+            if not self._show_expired and expired(item):
+                continue
+            fact = fact_from_item(item)
+            if fact is not None:
+                found.setdefault(fact.id, fact)
+        return list(found.values())
+
+    def _get_all_kwargs(self, scope: Scope, limit: int) -> dict[str, Any]:
+        sig = inspect.signature(self.memory.get_all).parameters
+        kwargs: dict[str, Any] = {}
+        if "show_expired" in sig:
+            kwargs["show_expired"] = True  # mem0 then fetches exactly `limit`: a short page is the last
+        if "user_id" in sig:  # mem0ai 1.0.x
+            kwargs.update(scope.as_dict(), limit=limit)
+            extra = {k: v for k, v in self._filters.items() if k not in SCOPE_KEYS}
+            if extra:
+                kwargs["filters"] = extra
+        else:  # mem0ai 2.x: scope inside filters (top-level raises), top_k
+            kwargs.update(filters=self._filters_for(scope), top_k=limit)
+        return kwargs
+
+    def _get_all(self, scope: Scope) -> list[Any]:
+        limit = _LIST_PAGE
+        while True:
+            items = _items(self.memory.get_all(**self._get_all_kwargs(scope, limit)))
+            if len(items) < limit:
+                return items
+            limit *= 2
+
+    async def _aget_all(self, scope: Scope) -> list[Any]:
+        limit = _LIST_PAGE
+        while True:
+            items = _items(await self.memory.get_all(**self._get_all_kwargs(scope, limit)))
+            if len(items) < limit:
+                return items
+            limit *= 2
+
     # ================================================================== writing
 
     def add_facts(self, facts: Sequence[Fact]) -> list[str]:
@@ -535,6 +602,12 @@ def _ranked(scored: list[tuple[Fact, float]], top_k: int) -> list[Hit]:
             best[fact.id] = (fact, score)
     ordered = sorted(best.values(), key=lambda pair: -pair[1])[:top_k]
     return [Hit(fact=fact, score=score, rank=rank) for rank, (fact, score) in enumerate(ordered)]
+
+
+def _items(answer: Any) -> list[Any]:
+    """The memories of a ``get_all`` answer: ``{"results": [...]}`` (relations aside) or a bare list."""
+    items = answer.get("results", []) if isinstance(answer, Mapping) else answer
+    return list(items or [])
 
 
 def _unit_rows(vectors: list[Any]) -> np.ndarray:

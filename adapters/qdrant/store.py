@@ -7,7 +7,8 @@ one ``query_batch_points`` call, with the caller's scope as a payload filter on 
 temporal window adds one ``scroll`` for the neighbours of that round's hits. Facts by id
 (:meth:`QdrantStore.get_many`) and the window of given hits (:meth:`QdrantStore.with_window`), which
 :class:`pgr_core.Anticipating` asks for the facts it found through their cues, are one ``scroll`` each,
-under the same scope filter.
+under the same scope filter; every fact of a scope (:meth:`QdrantStore.facts_for`, what
+``Anticipating.build`` backfills cues for) is a paged ``scroll`` under it.
 
 Payload layout read (and written by :meth:`QdrantStore.upsert_facts`)::
 
@@ -76,6 +77,7 @@ TYPE_KEY = "type"
 _LLAMA_BOOKKEEPING = (NODE_CONTENT, "_node_type")
 _SAMPLE = 32  # points read to learn the payload layout
 _UPSERT_CHUNK = 256
+_LIST_PAGE = 256  # points per scroll page when listing a scope's facts (facts_for)
 _INSTALL_BM25 = "pip install qdrant-edge-py (in pgr[local])"
 # Fact ids that are neither UUIDs nor unsigned ints become UUID5s in this namespace.
 _ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://pgr/qdrant/fact-id")
@@ -407,6 +409,32 @@ class QdrantStore(Store):
             fact = self.fact_from_payload(record.id, record.payload or {})
             found.setdefault(fact.id, fact)
         return {i: found[i] for i in wanted if i in found}  # in the order asked
+
+    def facts_for(self, scope: Scope | Mapping[str, str]) -> list[Fact]:
+        """Every fact ``scope`` may see, built as a search builds its hits (:meth:`fact_from_payload`):
+        what :meth:`pgr_core.Anticipating.build` backfills cues for. Reads only; nothing is written.
+
+        A paged ``scroll`` whose filter is the scope's conditions (the filter every search carries),
+        in point-id order. The points that come back pass the owner check a search makes: one whose
+        owner fields are not plainly the caller's (a list, a number) is dropped, counted in
+        ``out_of_scope_dropped`` and logged. A point with no text under the layout's text key is no
+        fact to show, and is left out too."""
+        scope = Scope.coerce(scope)
+        condition = self.scope_conditions(scope)
+        layout = self._layout if self._layout and self._layout.text_key else self.inspect()
+        if layout.text_key is None:  # an empty collection
+            return []
+        flt = qm.Filter(must=list(condition))
+        if self._async:
+            records = self._blocking(self._ascroll_all(flt, _LIST_PAGE, what="scroll (facts of a scope)"))
+        else:
+            records = self._scroll_all(flt, _LIST_PAGE, what="scroll (facts of a scope)")
+        found: dict[str, Fact] = {}
+        for record in self._visible(records, scope):
+            fact = self.fact_from_payload(record.id, record.payload or {})
+            if fact.text.strip():
+                found.setdefault(fact.id, fact)
+        return list(found.values())
 
     def with_window(
         self, hits: Sequence[Hit], *, scope: Scope | Mapping[str, str], window: int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -36,7 +37,7 @@ from pgr_adapters.llamaindex import LlamaIndexLLM, MiniLMEmbedding, ProspectionR
 from pgr_adapters.llamaindex import plugin as llamaindex_plugin
 from pgr_adapters.llamaindex.retriever import TRACE_KEYS
 
-from pgr_core import PGR, Fact, Scope, SearchParams, plugins
+from pgr_core import PGR, Anticipating, CueWriter, Fact, HashingEmbedder, InMemoryStore, Scope, SearchParams, plugins
 from pgr_core.embedders import MiniLMEmbedder, minilm_available
 from pgr_core.errors import (
     ConfigurationError,
@@ -44,6 +45,7 @@ from pgr_core.errors import (
     LLMTimeoutError,
     ScopeError,
 )
+from pgr_core.testing import ScriptedLLM
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus
 
 ALICE = Scope(user_id="alice")
@@ -288,6 +290,108 @@ def test_get_many_without_a_node_look_up_is_a_clear_configuration_error() -> Non
     with pytest.raises(ScopeError, match="single_tenant_scope"):
         store.get_many(["x1"], scope=BOB)
     assert store.with_window([], scope=ALICE, window=1) == {}
+
+
+# ---------------------------------------------------------------------- cues backfilled over an index others built
+
+_LINE = re.compile(r'^(F\d+): (".*")$', re.MULTILINE)
+
+
+def cue_llm(cues_by_text: dict[str, list[str]]) -> ScriptedLLM:
+    """A model answering every cue request from ``cues_by_text`` (as tests/test_anticipating.py's)."""
+
+    def handler(messages: Any, schema: Any) -> Any:
+        asked = {h: json.loads(t) for h, t in _LINE.findall(messages[-1]["content"])}
+        return {"cues": [{"id": h, "cues": cues_by_text.get(text, [])} for h, text in asked.items()]}
+
+    return ScriptedLLM(handler=handler)
+
+
+ALICE_NOTES = {
+    "Twisted my knee skiing in February; physio says no running until July": [
+        "should I join a soccer league this summer",
+        "signing up for a charity race",
+    ],
+    "Sold the car in January and takes the bus": ["plan a weekend road trip", "picking up a sofa from the store"],
+    "Has a bookkeeping class on Tuesday and Thursday evenings": [
+        "booking midweek dinner plans",
+        "a concert after work",
+    ],
+    "In run 7 Alice asked for a vegetarian dinner recipe": ["what should I cook tonight", "hosting friends for a meal"],
+}
+BOB_NOTE = "Bob runs marathons every spring and loves soccer"
+SHARED_NOTE = "A note alice and bob share"
+
+
+def _index_snapshot(index: VectorStoreIndex) -> Any:
+    docs = index.docstore.docs
+    return (
+        {i: (n.get_content(metadata_mode=MetadataMode.NONE), dict(n.metadata)) for i, n in docs.items()},
+        dict(index.index_struct.nodes_dict),
+        {i: list(v) for i, v in index.vector_store.data.embedding_dict.items()},  # type: ignore[attr-defined]
+    )
+
+
+def test_build_backfills_cues_over_an_index_its_application_built_and_leaves_it_as_it_was(
+    embed_model: MiniLMEmbedding,
+) -> None:
+    owners: list[tuple[str, dict[str, Any]]] = [(t, {"user_id": "alice"}) for t in list(ALICE_NOTES)[:3]]
+    owners.append((list(ALICE_NOTES)[3], {"user_id": "alice", "run_id": "run-7"}))
+    owners.append((BOB_NOTE, {"user_id": "bob"}))
+    owners.append((SHARED_NOTE, {"user_id": ["alice", "bob"]}))  # names no one plainly: nobody's
+    nodes = [TextNode(id_=f"node-{i}", text=t, metadata=md) for i, (t, md) in enumerate(owners)]
+    index = VectorStoreIndex(nodes, embed_model=embed_model)  # the application's index, as it built it
+    before = _index_snapshot(index)
+
+    store = RetrieverStore(index, cosine_scores=True)
+    listed = store.facts_for(ALICE)
+    assert [f.id for f in listed] == ["node-0", "node-1", "node-2", "node-3"]  # the index's node ids
+    assert [f.text for f in listed] == list(ALICE_NOTES)
+    assert store.get_many([f.id for f in listed], scope=ALICE) == {f.id: f for f in listed}  # built as get_many's
+    assert [f.id for f in store.facts_for(Scope(user_id="alice", run_id="run-7"))] == ["node-3"]
+    assert [f.text for f in store.facts_for(BOB)] == [BOB_NOTE]
+
+    wrapped = Anticipating(store, cues=InMemoryStore(embedder=HashingEmbedder()))
+    llm = cue_llm({**ALICE_NOTES, BOB_NOTE: ["bob's cue"]})
+    report = wrapped.build(CueWriter(llm), scope=ALICE)
+    assert (report.facts, report.cued, report.missing, report.already) == (4, 4, 0, 0)
+    prompts = " ".join(m["content"] for c in llm.calls for m in c.messages)
+    assert llm.calls and BOB_NOTE not in prompts and SHARED_NOTE not in prompts
+
+    again_llm = cue_llm(ALICE_NOTES)
+    again = wrapped.build(CueWriter(again_llm), scope=ALICE)
+    assert (again.already, again.cued, again.calls) == (4, 0, 0) and not again_llm.calls
+
+    cue = ALICE_NOTES[listed[0].text][0]
+    hits = wrapped.search_batch([cue], scope=ALICE, params=SearchParams(top_k=3, min_score=0.0))[0]
+    assert hits[0].fact == listed[0] and hits[0].cue == cue
+    assert _index_snapshot(index) == before  # no node, text, metadata or vector changed, none added
+
+
+def test_facts_for_under_a_scope_filter_and_without_a_node_look_up(
+    build_index: Callable[[Sequence[Fact]], VectorStoreIndex], embed_model: MiniLMEmbedding
+) -> None:
+    # per-user indexes whose nodes name no owner: the index scope_filter gives a scope is that scope's
+    per_user = {
+        user: VectorStoreIndex(
+            [TextNode(id_=f"{user}-{i}", text=t) for i, t in enumerate(texts)], embed_model=embed_model
+        )
+        for user, texts in (("alice", list(ALICE_NOTES)[:2]), ("bob", [BOB_NOTE]))
+    }
+    store = RetrieverStore(
+        per_user["alice"].as_retriever(), scope_filter=lambda s: per_user[s.user_id or ""].as_retriever()
+    )
+    assert [(f.id, f.scope) for f in store.facts_for(BOB)] == [("bob-0", BOB)]
+    assert [f.text for f in store.facts_for(ALICE)] == list(ALICE_NOTES)[:2]
+    # one shared index filtered by another key: only nodes whose metadata names the scope count
+    shared = build_index(conformance_corpus())
+    shared.insert_nodes([TextNode(id_="nobody", text="A node that names no owner")])
+    tenant = MetadataFilters(filters=[ExactMatchFilter(key="tenant", value="t1")])
+    filtered = RetrieverStore(shared, scope_filter=lambda s: shared.as_retriever(filters=tenant))
+    alice_ids = {f.id for f in conformance_corpus() if ALICE.allows(f.scope)}
+    assert {f.id for f in filtered.facts_for(ALICE)} == alice_ids  # not "nobody": no one vouches it is alice's
+    with pytest.raises(ConfigurationError, match="docstore="):
+        RetrieverStore(FixedRetriever([("x1", 0.9, {})]), single_tenant_scope=ALICE).facts_for(ALICE)
 
 
 # ---------------------------------------------------------------------- RetrieverStore: scoping

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
+import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 # before mem0 is first imported: no telemetry, no hub, and mem0's home (~/.mem0) in a temp dir
@@ -31,11 +35,25 @@ if not version("mem0ai").startswith("2."):
         allow_module_level=True,
     )
 
+import pgr_adapters.mem0.store as mem0_adapter  # noqa: E402
 from mem0 import AsyncMemory, Memory  # noqa: E402
 from pgr_adapters.mem0 import Mem0Fact, Mem0Store  # noqa: E402
 
-from pgr_core import PGR, Fact, Scope, ScopeError, SearchParams, StoreError, plugins  # noqa: E402
+from pgr_core import (  # noqa: E402
+    PGR,
+    Anticipating,
+    CueWriter,
+    Fact,
+    HashingEmbedder,
+    InMemoryStore,
+    Scope,
+    ScopeError,
+    SearchParams,
+    StoreError,
+    plugins,
+)
 from pgr_core.embedders import MiniLMEmbedder  # noqa: E402
+from pgr_core.testing import ScriptedLLM  # noqa: E402
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus  # noqa: E402
 
 ALICE = Scope(user_id="alice")
@@ -410,3 +428,94 @@ def test_plugin_registers_the_mem0_store(memory: Any, monkeypatch: pytest.Monkey
     assert next(r for r in registry.status() if r[0] == plugin.__name__)[1] is True
     with pytest.raises(Exception, match="exactly one of memory"):
         registry.store("mem0")
+
+
+# ---------------------------------------------------------------------- cues backfilled over a memory others filled
+
+_LINE = re.compile(r'^(F\d+): (".*")$', re.MULTILINE)
+
+
+def cue_llm(cues_by_text: dict[str, list[str]]) -> ScriptedLLM:
+    """A model answering every cue request from ``cues_by_text`` (as tests/test_anticipating.py's)."""
+
+    def handler(messages: Any, schema: Any) -> Any:
+        asked = {h: json.loads(t) for h, t in _LINE.findall(messages[-1]["content"])}
+        return {"cues": [{"id": h, "cues": cues_by_text.get(text, [])} for h, text in asked.items()]}
+
+    return ScriptedLLM(handler=handler)
+
+
+ALICE_NOTES = {
+    "Twisted my knee skiing in February; physio says no running until July": [
+        "should I join a soccer league this summer",
+        "signing up for a charity race",
+    ],
+    "Sold the car in January and takes the bus": ["plan a weekend road trip", "picking up a sofa from the store"],
+    "Has a bookkeeping class on Tuesday and Thursday evenings": [
+        "booking midweek dinner plans",
+        "a concert after work",
+    ],
+    "In run 7 Alice asked for a vegetarian dinner recipe": ["what should I cook tonight", "hosting friends for a meal"],
+}
+BOB_NOTE = "Bob runs marathons every spring and loves soccer"
+
+
+@pytest.mark.parametrize("kind", [Memory, AsyncMemory], ids=["Memory", "AsyncMemory"])
+def test_build_backfills_cues_over_a_memory_its_application_filled_and_leaves_it_as_it_was(
+    new_memory: Callable[..., Any], kind: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memory = new_memory(kind)
+
+    def call(result: Any) -> Any:
+        return asyncio.run(result) if inspect.isawaitable(result) else result
+
+    texts = list(ALICE_NOTES)
+    # the application's own writes: mem0's add, no pgr in sight
+    call(memory.add([{"role": "user", "content": t} for t in texts[:3]], user_id="alice", infer=False))
+    call(memory.add(texts[3], user_id="alice", run_id="run-7", infer=False))
+    call(memory.add(BOB_NOTE, user_id="bob", infer=False))
+
+    def snapshot() -> Any:
+        owners = {u: call(memory.get_all(filters={"user_id": u}, top_k=100))["results"] for u in ("alice", "bob")}
+        points, _ = memory.vector_store.client.scroll(
+            memory.vector_store.collection_name, limit=100, with_payload=True, with_vectors=True
+        )
+        payloads = {str(p.id): json.dumps(p.payload, sort_keys=True) for p in points}
+        return owners, payloads, {str(p.id): np.asarray(p.vector) for p in points}
+
+    before = snapshot()
+    assert len(before[0]["alice"]) == 4 and len(before[0]["bob"]) == 1
+
+    store = Mem0Store(memory)
+    gets = _spy(monkeypatch, memory, "get_all")
+    listed = store.facts_for(ALICE)
+    assert len(gets) == 1 and gets[0][1]["filters"] == {"user_id": "alice"}  # one get_all, under the scope
+    assert {f.text for f in listed} == set(ALICE_NOTES) and all(isinstance(f, Mem0Fact) for f in listed)
+    assert {f.id for f in listed} == {r["id"] for r in before[0]["alice"]}  # mem0's own memory ids
+    monkeypatch.setattr(mem0_adapter, "_LIST_PAGE", 2)  # mem0 has no offset: a full page is asked again, larger
+    gets.clear()
+    assert store.facts_for(ALICE) == listed and [kw["top_k"] for _, kw in gets] == [2, 4, 8]
+    assert store.get_many([f.id for f in listed], scope=ALICE) == {f.id: f for f in listed}  # built as get_many's
+    assert [f.text for f in store.facts_for(Scope(user_id="alice", run_id="run-7"))] == [texts[3]]
+
+    wrapped = Anticipating(store, cues=InMemoryStore(embedder=HashingEmbedder()))
+    llm = cue_llm({**ALICE_NOTES, BOB_NOTE: ["bob's cue"]})
+    report = wrapped.build(CueWriter(llm), scope=ALICE)
+    assert (report.facts, report.cued, report.missing, report.already) == (4, 4, 0, 0)
+    prompts = " ".join(m["content"] for c in llm.calls for m in c.messages)
+    assert llm.calls and BOB_NOTE not in prompts and "marathons" not in prompts
+
+    again_llm = cue_llm(ALICE_NOTES)
+    again = wrapped.build(CueWriter(again_llm), scope=ALICE)
+    assert (again.already, again.cued, again.calls) == (4, 0, 0) and not again_llm.calls
+
+    knee = next(f for f in listed if f.text == texts[0])
+    cue = ALICE_NOTES[texts[0]][0]
+    hits = wrapped.search_batch([cue], scope=ALICE, params=SearchParams(top_k=3, min_score=0.0))[0]
+    assert hits[0].fact == knee and hits[0].cue == cue
+    after = snapshot()
+    assert after[:2] == before[:2]  # no memory of the application's changed, none added
+    # Qdrant local hands a vector back as written until a search (mem0's own too) has read it, then
+    # as the float32 unit vector it keeps: the same vector to float32 precision
+    assert after[2].keys() == before[2].keys()
+    assert all(np.allclose(after[2][i], before[2][i], atol=1e-6) for i in before[2])

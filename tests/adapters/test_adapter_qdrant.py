@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -22,7 +23,9 @@ from qdrant_client import models as qm
 
 from pgr_core import (
     PGR,
+    Anticipating,
     ConfigurationError,
+    CueWriter,
     Fact,
     HashingEmbedder,
     InMemoryStore,
@@ -32,6 +35,7 @@ from pgr_core import (
     StoreError,
 )
 from pgr_core.embedders import MiniLMEmbedder, minilm_available
+from pgr_core.testing import ScriptedLLM
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus
 
 ALICE = Scope(user_id="alice")
@@ -1059,3 +1063,99 @@ def test_create_collection_with_a_sparse_vector_searches_hybrid_on_an_async_clie
     asyncio.run(store.aupsert_facts(facts))
     (hits,) = asyncio.run(store.asearch_batch([probe], scope=ALICE, params=SearchParams(top_k=3, min_score=0.3)))
     assert "cat" in [h.fact.id for h in hits[:2]] and not store.capabilities.cosine_scores
+
+
+# ====================================================================== cues backfilled over a collection others filled
+
+_LINE = re.compile(r'^(F\d+): (".*")$', re.MULTILINE)
+
+
+def cue_llm(cues_by_text: dict[str, list[str]]) -> ScriptedLLM:
+    """A model answering every cue request from ``cues_by_text`` (as tests/test_anticipating.py's)."""
+
+    def handler(messages, schema):
+        asked = {h: json.loads(t) for h, t in _LINE.findall(messages[-1]["content"])}
+        return {"cues": [{"id": h, "cues": cues_by_text.get(text, [])} for h, text in asked.items()]}
+
+    return ScriptedLLM(handler=handler)
+
+
+ALICE_NOTES = {
+    "Twisted my knee skiing in February; physio says no running until July": [
+        "should I join a soccer league this summer",
+        "signing up for a charity race",
+    ],
+    "Sold the car in January and takes the bus": ["plan a weekend road trip", "picking up a sofa from the store"],
+    "Has a bookkeeping class on Tuesday and Thursday evenings": [
+        "booking midweek dinner plans",
+        "a concert after work",
+    ],
+    "In run 7 Alice asked for a vegetarian dinner recipe": ["what should I cook tonight", "hosting friends for a meal"],
+}
+BOB_NOTE = "Bob runs marathons every spring and loves soccer"
+SHARED_NOTE = "A note alice and bob share"
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_build_backfills_cues_over_a_collection_its_application_filled_and_leaves_it_as_it_was(kind):
+    """mem0-style points (text under ``data``, mem0's ids, no fact_id), written by the application;
+    pgr only reads them (facts_for: one scoped scroll) and writes cues to its own index."""
+    sync_client = QdrantClient(":memory:")
+    embedder = HashingEmbedder(HASH_DIM)
+    sync_client.create_collection(
+        "memories", vectors_config=qm.VectorParams(size=HASH_DIM, distance=qm.Distance.COSINE)
+    )
+    rows = [(text, {"user_id": "alice"}) for text in list(ALICE_NOTES)[:3]]
+    rows.append((list(ALICE_NOTES)[3], {"user_id": "alice", "run_id": "run-7"}))
+    rows.append((BOB_NOTE, {"user_id": "bob"}))
+    rows.append((SHARED_NOTE, {"user_id": ["alice", "bob"]}))  # nobody's plainly: dropped
+    points = [
+        qm.PointStruct(id=str(uuid.UUID(int=i + 1)), vector=v.tolist(), payload={"data": t, "hash": f"h{i}", **owner})
+        for i, ((t, owner), v) in enumerate(zip(rows, embedder.embed([t for t, _ in rows]), strict=True))
+    ]
+    points.append(qm.PointStruct(id=99, vector=embedder.embed(["x"])[0].tolist(), payload={"user_id": "alice"}))
+    sync_client.upsert("memories", points=points)
+    before = _snapshot(sync_client, "memories")
+    if kind == "sync":
+        client = sync_client
+    else:  # the same points in a local async client
+        client = AsyncQdrantClient(":memory:")
+        dense = qm.VectorParams(size=HASH_DIM, distance=qm.Distance.COSINE)
+        asyncio.run(client.create_collection("memories", vectors_config=dense))
+        asyncio.run(client.upsert("memories", points=points))
+
+    store = QdrantStore(client, "memories", embedder=embedder)
+    listed = store.facts_for(ALICE)
+    assert {f.text for f in listed} == set(ALICE_NOTES)  # no bob's, no list-owned, no textless point
+    assert store.out_of_scope_dropped == 1
+    ids = [f.id for f in listed]
+    assert ids == [str(uuid.UUID(int=i + 1)) for i in range(4)]  # the application's point ids
+    assert store.get_many(ids, scope=ALICE) == {f.id: f for f in listed}  # built as get_many / search build them
+    assert store.facts_for(Scope(user_id="alice", run_id="run-7")) == [listed[3]]
+
+    wrapped = Anticipating(store, cues=InMemoryStore(embedder=HashingEmbedder()))
+    llm = cue_llm({**ALICE_NOTES, BOB_NOTE: ["bob's cue"]})
+    report = wrapped.build(CueWriter(llm), scope=ALICE)
+    assert (report.facts, report.cued, report.missing, report.already) == (4, 4, 0, 0)
+    assert report.calls == len(llm.calls) == 2  # one per owner-and-session group: alice, alice's run
+    prompts = " ".join(m["content"] for call in llm.calls for m in call.messages)
+    assert BOB_NOTE not in prompts and SHARED_NOTE not in prompts
+
+    again_llm = cue_llm(ALICE_NOTES)
+    again = wrapped.build(CueWriter(again_llm), scope=ALICE)
+    assert (again.already, again.cued, again.calls) == (4, 0, 0) and not again_llm.calls
+
+    knee = listed[0]
+    cue = ALICE_NOTES[knee.text][0]
+    hits = wrapped.search_batch([cue], scope=ALICE, params=SearchParams(top_k=3, min_score=0.0))[0]
+    assert hits[0].fact == knee and hits[0].cue == cue
+    bobs = wrapped.search_batch([cue], scope=BOB, params=SearchParams(top_k=3, min_score=0.0))[0]
+    assert [h.fact.text for h in bobs] == [BOB_NOTE] and bobs[0].cue is None  # alice's cues are hers
+    if kind == "sync":
+        assert _snapshot(client, "memories") == before  # no point, payload or vector changed
+    else:
+        records, _ = asyncio.run(client.scroll("memories", limit=100, with_payload=True, with_vectors=True))
+        after = [
+            (str(r.id), json.dumps(r.payload, sort_keys=True), json.dumps(r.vector, sort_keys=True)) for r in records
+        ]
+        assert after == before
