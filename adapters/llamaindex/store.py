@@ -33,6 +33,7 @@ import copy
 import logging
 import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -57,6 +58,22 @@ logger = logging.getLogger(__name__)
 ScopeFilter = Callable[[Scope], BaseRetriever]
 _SCOPE_FIELDS = ("user_id", "agent_id", "run_id")
 _NeighbourWalk = Generator[list[str], dict[str, BaseNode], dict[str, list[BaseNode]]]
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a scope's nodes are looked up by id or listed, and who vouches for their owner.
+
+    ``vouched``: True when every node there is the scope's (an unfiltered per-scope index), so the
+    fields a node's metadata leaves out are the scope's; False when a node counts only if its own
+    metadata names an owner the scope allows; None for the store's own rule (:meth:`RetrieverStore._owner`).
+    """
+
+    index: VectorStoreIndex | None
+    docstore: BaseDocumentStore | None
+    node_store: Any
+    filters: MetadataFilters | None
+    vouched: bool | None
 
 
 class RetrieverStore(Store):
@@ -86,6 +103,10 @@ class RetrieverStore(Store):
     The same look-up serves facts by id (:meth:`get_many`) and the window of given hits
     (:meth:`with_window`), which :class:`pgr_core.Anticipating` asks for the facts its cues found,
     and the listing of every fact of a scope (:meth:`facts_for`) that ``Anticipating.build`` backfills.
+    Under ``scope_filter`` the retriever it builds for the scope says where: a ``VectorIndexRetriever``'s
+    index (a per-scope index is that scope's own; its nodes are the scope's when it is unfiltered),
+    else the store's own look-up; a node found there that no unfiltered per-scope index vouches for
+    counts only when its metadata names an owner the scope allows (a look-up by id bypasses filters).
 
     Declare what you know about your data: ``cosine_scores=True`` when scores are cosine similarities
     (so τ means what it says), ``dates=True`` when every node carries a date.
@@ -212,9 +233,10 @@ class RetrieverStore(Store):
                 raise StoreError(f"{type(retriever).__name__}.retrieve failed on probe {i}: {exc}") from exc
         hit_lists = [self._direct_hits(nodes, scope, params) for nodes in node_lists]
         if params.window and self.capabilities.window:
+            source = self._source(scope, retriever)
             walk = _walk_neighbours(_anchors(hit_lists), params.window)
-            neighbours = _run_walk(walk, self._fetch)
-            hit_lists = [self._with_neighbours(hits, neighbours, scope) for hits in hit_lists]
+            neighbours = _run_walk(walk, lambda ids: self._fetch(ids, source))
+            hit_lists = [self._with_neighbours(hits, neighbours, scope, source.vouched) for hits in hit_lists]
         return [[hit for hit, _ in hits] for hits in hit_lists]
 
     async def asearch_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
@@ -245,9 +267,10 @@ class RetrieverStore(Store):
         node_lists = await asyncio.gather(*(one(i, p) for i, p in enumerate(probes)))
         hit_lists = [self._direct_hits(nodes, scope, params) for nodes in node_lists]
         if params.window and self.capabilities.window:
+            source = self._source(scope, retriever)
             walk = _walk_neighbours(_anchors(hit_lists), params.window)
-            neighbours = await _arun_walk(walk, self._afetch)
-            hit_lists = [self._with_neighbours(hits, neighbours, scope) for hits in hit_lists]
+            neighbours = await _arun_walk(walk, lambda ids: self._afetch(ids, source))
+            hit_lists = [self._with_neighbours(hits, neighbours, scope, source.vouched) for hits in hit_lists]
         return [[hit for hit, _ in hits] for hits in hit_lists]
 
     # ------------------------------------------------------------------ scoping
@@ -289,6 +312,28 @@ class RetrieverStore(Store):
                 f"it cannot answer for {scope.as_dict()}. Give it a scope_filter to serve other scopes"
             )
 
+    def _source(self, scope: Scope, retriever: BaseRetriever | None = None) -> _Source:
+        """Where ``scope``'s nodes are looked up and listed, and who vouches for their owner: the one
+        rule :meth:`facts_for`, :meth:`get_many` and the window (of a search or :meth:`with_window`) share.
+
+        Without ``scope_filter``: the store's own look-up under its own owner rule. Under it: the
+        retriever it builds for ``scope`` (``retriever``, when a search built it already). A
+        ``VectorIndexRetriever``'s index is where that scope's nodes are, and vouches for their owner
+        when the retriever is unfiltered (a per-scope index); a filtered one does not (a look-up by id
+        bypasses its filters). Any other retriever has no look-up the store knows of: the store's own is
+        used, and vouches for no one.
+        """
+        if self.scoping != "scope_filter":
+            filters = self._scope_filters(scope) if self.scoping == "metadata_filters" else None
+            return _Source(self._index, self.docstore, self._node_store, filters, None)
+        built = retriever if retriever is not None else self._scoped_retriever(scope, 1)
+        if not isinstance(built, VectorIndexRetriever):
+            return _Source(self._index, self.docstore, self._node_store, None, False)
+        index, filters = built._index, built._filters
+        vector_store = getattr(index, "vector_store", None)
+        node_store = vector_store if getattr(vector_store, "stores_text", False) else None
+        return _Source(index, built._docstore, node_store, filters, filters is None or not filters.filters)
+
     def _batch_embed_model(self, retriever: BaseRetriever) -> BaseEmbedding | None:
         """The embed model to batch a round's probes with, when ``batch_embed`` applies to ``retriever``."""
         if not self.batch_embed or not isinstance(retriever, VectorIndexRetriever) or not retriever._needs_embedding():
@@ -307,7 +352,8 @@ class RetrieverStore(Store):
 
         Under ``scope_filter`` or ``single_tenant_scope`` the scoping vouches for the fields a node's
         metadata leaves out; under metadata filters a missing key means the backend ignored the filter.
-        ``vouched`` overrides that (:meth:`facts_for` lists nodes no scoped retriever chose).
+        ``vouched`` overrides that for nodes no scoped retriever chose (listed by :meth:`facts_for`,
+        looked up by id for :meth:`get_many` and the window): see :meth:`_source`.
         """
         owner = owner_fields(node.metadata or {}, self.scope_keys)
         if owner is None:
@@ -349,13 +395,17 @@ class RetrieverStore(Store):
         return hits
 
     def _with_neighbours(
-        self, hits: list[tuple[Hit, BaseNode]], neighbours: Mapping[str, list[BaseNode]], scope: Scope
+        self,
+        hits: list[tuple[Hit, BaseNode]],
+        neighbours: Mapping[str, list[BaseNode]],
+        scope: Scope,
+        vouched: bool | None,
     ) -> list[tuple[Hit, BaseNode]]:
         out = []
         for hit, node in hits:
             out.append((hit, node))
             for other in neighbours.get(node.node_id, []):
-                owner = self._owner(other, scope)
+                owner = self._owner(other, scope, vouched=vouched)
                 if owner is None:
                     self._count(out_of_scope_dropped=1)
                     continue
@@ -389,20 +439,23 @@ class RetrieverStore(Store):
         :class:`pgr_core.Anticipating` asks for the facts it found through their cues.
 
         One look-up by id, the one the window uses: the docstore's ``get_nodes`` (and the vector
-        store's, for ids the docstore lacks). Counted in ``id_lookups``. A store with neither (a
-        retriever given without ``docstore=``) raises :class:`ConfigurationError`.
+        store's, for ids the docstore lacks); under ``scope_filter``, those of the index the retriever
+        it builds for ``scope`` searches, with the owner rule :meth:`facts_for` applies. Counted in
+        ``id_lookups``. A store with neither (a retriever given without ``docstore=``) raises
+        :class:`ConfigurationError`.
         """
         scope = Scope.coerce(scope)
         self._check_tenant(scope)
-        self._check_lookup("fetch facts by id")
+        source = self._source(scope)
+        self._check_lookup("fetch facts by id", source)
         ids = list(dict.fromkeys(str(i) for i in fact_ids))
         if not ids:
             return {}
-        nodes = self._fetch(ids, counter="id_lookups")
+        nodes = self._fetch(ids, source, counter="id_lookups")
         out: dict[str, Fact] = {}
         for fact_id in ids:
             node = nodes.get(fact_id)
-            owner = self._owner(node, scope) if node is not None else None
+            owner = self._owner(node, scope, vouched=source.vouched) if node is not None else None
             if node is not None and owner is not None:
                 out[fact_id] = self.fact(node, owner)
         return out
@@ -412,7 +465,8 @@ class RetrieverStore(Store):
     ) -> dict[str, list[Hit]]:
         """The ±window neighbours of each hit's node along its PREVIOUS/NEXT chain, as a search's window
         brings them: fact id -> neighbour hits (ordered -1, +1, -2, +2...). One look-up for the anchors'
-        nodes (a Fact does not carry the relationships), then one per level of the window."""
+        nodes (a Fact does not carry the relationships), then one per level of the window; where and
+        under which owner rule as :meth:`get_many`."""
         scope = Scope.coerce(scope)
         self._check_tenant(scope)
         if window < 1 or not self.capabilities.window:
@@ -420,12 +474,19 @@ class RetrieverStore(Store):
         anchors = {h.fact.id: h for h in hits if h.neighbour_of is None}
         if not anchors:
             return {}
-        nodes = self._fetch(list(anchors))
-        pairs = [(hit, nodes[i]) for i, hit in anchors.items() if i in nodes and self._owner(nodes[i], scope)]
-        neighbours = _run_walk(_walk_neighbours([node for _, node in pairs], window), self._fetch)
+        source = self._source(scope)
+        vouched = source.vouched
+        nodes = self._fetch(list(anchors), source)
+        pairs = [
+            (hit, nodes[i])
+            for i, hit in anchors.items()
+            if i in nodes and self._owner(nodes[i], scope, vouched=vouched) is not None
+        ]
+        walk = _walk_neighbours([node for _, node in pairs], window)
+        neighbours = _run_walk(walk, lambda ids: self._fetch(ids, source))
         out: dict[str, list[Hit]] = {}
         for hit, node in pairs:
-            found = [h for h, _ in self._with_neighbours([(hit, node)], neighbours, scope)[1:]]
+            found = [h for h, _ in self._with_neighbours([(hit, node)], neighbours, scope, vouched)[1:]]
             if found:
                 out[hit.fact.id] = found
         return out
@@ -445,35 +506,20 @@ class RetrieverStore(Store):
         """
         scope = Scope.coerce(scope)
         self._check_tenant(scope)
-        index, docstore, node_store, vouched = self._index, self.docstore, self._node_store, None
-        filters = self._scope_filters(scope) if self.scoping == "metadata_filters" else None
-        if self.scoping == "scope_filter":
-            built = self._scoped_retriever(scope, 1)
-            vouched = False
-            if isinstance(built, VectorIndexRetriever):
-                index, docstore, filters = built._index, built._docstore, built._filters
-                vector_store = getattr(index, "vector_store", None)
-                node_store = vector_store if getattr(vector_store, "stores_text", False) else None
-                vouched = filters is None or not filters.filters
-        if docstore is None and node_store is None:
-            self._check_lookup("list its facts")
+        source = self._source(scope)
+        self._check_lookup("list its facts", source)
         found: dict[str, Fact] = {}
-        for node in self._list_nodes(index, docstore, node_store, filters):
-            owner = self._owner(node, scope, vouched=vouched)
+        for node in self._list_nodes(source):
+            owner = self._owner(node, scope, vouched=source.vouched)
             if owner is not None:
                 fact = self.fact(node, owner)
                 if fact.text.strip():
                     found.setdefault(fact.id, fact)
         return list(found.values())
 
-    def _list_nodes(
-        self,
-        index: VectorStoreIndex | None,
-        docstore: BaseDocumentStore | None,
-        node_store: Any,
-        filters: MetadataFilters | None,
-    ) -> list[BaseNode]:
+    def _list_nodes(self, source: _Source) -> list[BaseNode]:
         """The nodes of an index (or of a docstore given alone), then those its vector store keeps."""
+        index, docstore, node_store, filters = source.index, source.docstore, source.node_store, source.filters
         nodes: dict[str, BaseNode] = {}
         try:
             if docstore is not None:
@@ -501,8 +547,8 @@ class RetrieverStore(Store):
             raise StoreError(f"listing the nodes failed: {exc}") from exc
         return list(nodes.values())
 
-    def _check_lookup(self, what: str) -> None:
-        if self.docstore is None and self._node_store is None:
+    def _check_lookup(self, what: str, source: _Source) -> None:
+        if source.docstore is None and source.node_store is None:
             raise ConfigurationError(
                 f"this RetrieverStore cannot {what}: it has no docstore and its vector store keeps no nodes; "
                 "pass docstore=<the docstore holding the nodes> (a VectorStoreIndex or VectorIndexRetriever "
@@ -511,31 +557,32 @@ class RetrieverStore(Store):
 
     # ------------------------------------------------------------------ look-ups by node id
 
-    def _fetch(self, node_ids: list[str], counter: str = "neighbour_lookups") -> dict[str, BaseNode]:
+    def _fetch(self, node_ids: list[str], source: _Source, counter: str = "neighbour_lookups") -> dict[str, BaseNode]:
+        """The nodes of ``node_ids`` that ``source`` holds (its docstore, then its vector store)."""
         self._count(**{counter: 1})
         found: dict[str, BaseNode] = {}
         try:
-            if self.docstore is not None:
-                found.update((n.node_id, n) for n in self.docstore.get_nodes(node_ids, raise_error=False) if n)
+            if source.docstore is not None:
+                found.update((n.node_id, n) for n in source.docstore.get_nodes(node_ids, raise_error=False) if n)
             missing = [i for i in node_ids if i not in found]
-            if missing and self._node_store is not None:
-                found.update((n.node_id, n) for n in self._node_store.get_nodes(node_ids=missing))
+            if missing and source.node_store is not None:
+                found.update((n.node_id, n) for n in source.node_store.get_nodes(node_ids=missing))
         except NotImplementedError:
             pass  # a vector store that cannot fetch by id: no neighbours beyond the docstore's
         except Exception as exc:
             raise StoreError(f"fetching window neighbours failed: {exc}") from exc
         return found
 
-    async def _afetch(self, node_ids: list[str]) -> dict[str, BaseNode]:
+    async def _afetch(self, node_ids: list[str], source: _Source) -> dict[str, BaseNode]:
         self._count(neighbour_lookups=1)
         found: dict[str, BaseNode] = {}
         try:
-            if self.docstore is not None:
-                nodes = await self.docstore.aget_nodes(node_ids, raise_error=False)
+            if source.docstore is not None:
+                nodes = await source.docstore.aget_nodes(node_ids, raise_error=False)
                 found.update((n.node_id, n) for n in nodes if n)
             missing = [i for i in node_ids if i not in found]
-            if missing and self._node_store is not None:
-                found.update((n.node_id, n) for n in await self._node_store.aget_nodes(node_ids=missing))
+            if missing and source.node_store is not None:
+                found.update((n.node_id, n) for n in await source.node_store.aget_nodes(node_ids=missing))
         except NotImplementedError:
             pass
         except Exception as exc:

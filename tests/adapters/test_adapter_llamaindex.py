@@ -37,7 +37,18 @@ from pgr_adapters.llamaindex import LlamaIndexLLM, MiniLMEmbedding, ProspectionR
 from pgr_adapters.llamaindex import plugin as llamaindex_plugin
 from pgr_adapters.llamaindex.retriever import TRACE_KEYS
 
-from pgr_core import PGR, Anticipating, CueWriter, Fact, HashingEmbedder, InMemoryStore, Scope, SearchParams, plugins
+from pgr_core import (
+    PGR,
+    Anticipating,
+    CueWriter,
+    Fact,
+    HashingEmbedder,
+    Hit,
+    InMemoryStore,
+    Scope,
+    SearchParams,
+    plugins,
+)
 from pgr_core.embedders import MiniLMEmbedder, minilm_available
 from pgr_core.errors import (
     ConfigurationError,
@@ -392,6 +403,106 @@ def test_facts_for_under_a_scope_filter_and_without_a_node_look_up(
     assert {f.id for f in filtered.facts_for(ALICE)} == alice_ids  # not "nobody": no one vouches it is alice's
     with pytest.raises(ConfigurationError, match="docstore="):
         RetrieverStore(FixedRetriever([("x1", 0.9, {})]), single_tenant_scope=ALICE).facts_for(ALICE)
+
+
+# ---------------------------------------------------------------------- look-ups by id under a scope_filter
+
+
+def _chain(texts: Sequence[str], metadata: dict[str, Any] | None = None) -> list[TextNode]:
+    """Nodes ``note-0``, ``note-1``... (the same ids for every user) linked PREVIOUS/NEXT in that order."""
+    nodes = [TextNode(id_=f"note-{i}", text=t, metadata=dict(metadata or {})) for i, t in enumerate(texts)]
+    for a, b in pairwise(nodes):
+        a.relationships[NodeRelationship.NEXT] = RelatedNodeInfo(node_id=b.node_id)
+        b.relationships[NodeRelationship.PREVIOUS] = RelatedNodeInfo(node_id=a.node_id)
+    return nodes
+
+
+ALICE_CHAIN = ["Alice's physio appointment is on Monday", "Alice takes the number 9 bus"]
+BOB_CHAIN = ["Bob keeps bees on the roof of his flat", "Bob repairs old bicycles at weekends"]
+
+
+@pytest.fixture
+def per_user_store(embed_model: MiniLMEmbedding) -> RetrieverStore:
+    """Per-user indexes whose nodes share their ids and name no owner; the store is built over alice's."""
+    per_user = {
+        "alice": VectorStoreIndex(_chain(ALICE_CHAIN), embed_model=embed_model),
+        "bob": VectorStoreIndex(
+            [*_chain(BOB_CHAIN), TextNode(id_="bob-decoy", text="Bob plays snooker on Fridays")],
+            embed_model=embed_model,
+        ),
+    }
+    return RetrieverStore(
+        per_user["alice"].as_retriever(), scope_filter=lambda s: per_user[s.user_id or ""].as_retriever()
+    )
+
+
+def test_get_many_and_with_window_read_the_index_the_scope_filter_gives_that_scope(
+    per_user_store: RetrieverStore,
+) -> None:
+    store = per_user_store
+    for scope, texts in ((BOB, BOB_CHAIN), (ALICE, ALICE_CHAIN)):
+        got = store.get_many(["note-0", "note-1", "no-such-node"], scope=scope)
+        assert [(f.id, f.text, f.scope) for f in got.values()] == [
+            ("note-0", texts[0], scope),
+            ("note-1", texts[1], scope),
+        ]  # the scope's own node, never the other user's of the same id
+        anchor = Hit(fact=got["note-0"], score=0.9, rank=0)
+        windows = store.with_window([anchor], scope=scope, window=2)
+        assert [(h.fact.id, h.fact.text, h.fact.scope, h.neighbour_of) for h in windows["note-0"]] == [
+            ("note-1", texts[1], scope, "note-0")
+        ]
+        # a search's window walks the same index
+        hits = store._checked_search([texts[0]], scope, SearchParams(top_k=1, min_score=0.0, window=1))[0]
+        assert [(h.fact.id, h.fact.text) for h in hits] == [("note-0", texts[0]), ("note-1", texts[1])]
+    assert store.get_many(["bob-decoy"], scope=ALICE) == {}  # not in alice's index: not fetched from bob's
+
+
+def test_a_cue_only_hit_under_a_scope_filter_is_the_scopes_own_fact(per_user_store: RetrieverStore) -> None:
+    store = per_user_store
+    fact = next(f for f in store.facts_for(BOB) if f.id == "note-0")
+    assert (fact.text, fact.scope) == (BOB_CHAIN[0], BOB)
+    wrapped = Anticipating(store, cues=InMemoryStore(embedder=HashingEmbedder()))
+    cue = "a cue only bob has"
+    assert wrapped.put_cues({fact.id: [cue]}, [fact]) == 1
+    params = SearchParams(top_k=1, min_score=0.0, window=1)
+    lookups = store.id_lookups
+    hits = wrapped.search_batch([cue], scope=BOB, params=params)[0]
+    assert store.id_lookups == lookups + 1  # the cued fact was no direct hit (the decoy was): fetched by id
+    assert [(h.fact.id, h.fact.text, h.fact.scope, h.cue) for h in hits] == [
+        ("note-0", BOB_CHAIN[0], BOB, cue),
+        ("note-1", BOB_CHAIN[1], BOB, None),  # its window, from bob's index
+    ]
+    assert hits[1].neighbour_of == "note-0"
+    for top_k in (1, 5):
+        seen = wrapped.search_batch([cue], scope=ALICE, params=SearchParams(top_k=top_k, min_score=0.0, window=1))[0]
+        assert seen and all(h.cue is None and h.fact.scope == ALICE for h in seen)
+        assert not {h.fact.text for h in seen} & {*BOB_CHAIN, "Bob plays snooker on Fridays"}
+
+
+def test_a_filtered_shared_index_vouches_for_no_unlabelled_node(embed_model: MiniLMEmbedding) -> None:
+    nodes = [
+        *_chain(ALICE_CHAIN, {"user_id": "alice"}),
+        TextNode(id_="nobody", text="A node that names no owner"),
+        TextNode(id_="bob-0", text=BOB_CHAIN[0], metadata={"user_id": "bob"}),
+    ]
+    # note-1 follows note-0 but names no owner: a look-up by id bypasses the filter, so no one vouches for it
+    nodes[1].metadata = {}
+    shared = VectorStoreIndex(nodes, embed_model=embed_model)
+
+    def scope_filter(scope: Scope) -> BaseRetriever:
+        only = MetadataFilters(filters=[ExactMatchFilter(key="user_id", value=scope.user_id or "")])
+        return shared.as_retriever(filters=only)
+
+    store = RetrieverStore(shared, scope_filter=scope_filter)
+    for scope in (ALICE, BOB, Scope(user_id="nobody")):
+        assert "nobody" not in store.get_many(["nobody", "note-1"], scope=scope)
+        assert "note-1" not in store.get_many(["note-1"], scope=scope)
+    assert list(store.get_many(["note-0", "bob-0", "nobody"], scope=ALICE)) == ["note-0"]
+    assert list(store.get_many(["note-0", "bob-0", "nobody"], scope=BOB)) == ["bob-0"]
+    anchor = Hit(fact=store.get_many(["note-0"], scope=ALICE)["note-0"], score=0.9, rank=0)
+    assert store.with_window([anchor], scope=ALICE, window=1) == {}  # note-1 is nobody's
+    hits = store._checked_search([ALICE_CHAIN[0]], ALICE, SearchParams(top_k=1, min_score=0.0, window=1))[0]
+    assert [h.fact.id for h in hits] == ["note-0"]  # nor does a search's window bring it
 
 
 # ---------------------------------------------------------------------- RetrieverStore: scoping
