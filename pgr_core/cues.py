@@ -72,13 +72,17 @@ def _content_words(text: str) -> set[str]:
     return {w[:6] for w in (m.group(0).lower() for m in _WORD.finditer(text)) if w not in _STOP and len(w) > 2}
 
 
-def check_cues(cues: Any, fact_text: str, *, limit: int = MAX_CUES) -> tuple[list[str], list[str]]:
+def check_cues(
+    cues: Any, fact_text: str, *, limit: int = MAX_CUES, avoid: Iterable[str] = ()
+) -> tuple[list[str], list[str]]:
     """The usable cues of one fact, and why each other one was refused.
 
     A cue is one line of at most :data:`MAX_CUE_WORDS` words (longer ones are cut at a word), not a
-    restatement of the fact (at most half of its content words may come from the fact), and not a
-    repeat of an earlier cue. At most ``limit`` are kept.
+    restatement of the fact (at most half of its content words may come from the fact), not a repeat
+    of an earlier cue, and not one of ``avoid`` (the worked example's cues, which a small model copies
+    onto unrelated facts). At most ``limit`` are kept.
     """
+    copied = {" ".join(a.lower().split()) for a in avoid}
     kept: list[str] = []
     refused: list[str] = []
     if not isinstance(cues, list):
@@ -103,6 +107,9 @@ def check_cues(cues: Any, fact_text: str, *, limit: int = MAX_CUES) -> tuple[lis
             continue
         if text.lower() in seen:
             refused.append(f"cue {i}: a repeat")
+            continue
+        if text.lower() in copied:
+            refused.append(f"cue {i}: copied from the example")
             continue
         seen.add(text.lower())
         kept.append(text)
@@ -232,6 +239,8 @@ class CueWriter:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.identity = self.identity_for(str(getattr(llm, "model", None) or llm.name), cues_per_fact)
+        reply = json.loads(prompt("cues_example").split("\n---\n")[1])
+        self._example = frozenset(" ".join(c.lower().split()) for item in reply["cues"] for c in item["cues"])
 
     def __repr__(self) -> str:
         return f"CueWriter({self.llm!r}, cues_per_fact={self.cues_per_fact})"
@@ -266,6 +275,8 @@ class CueWriter:
         known = self.cache.get_many(self.identity, [f.text for f in facts]) if self.cache else {}
         for fact in facts:
             hit = known.get(fact.text)
+            if hit is not None:  # cached before the example check existed: held to it now
+                hit = tuple(c for c in hit if " ".join(c.lower().split()) not in self._example)
             if hit is not None and len(hit) >= MIN_CUES:
                 batch.cues[fact.id] = hit
                 batch.cached += 1
@@ -320,7 +331,7 @@ class CueWriter:
             fact = pending.get(handle)
             if fact is None:
                 continue  # an unknown or already answered id
-            kept, refused = check_cues(item.get("cues"), fact.text)
+            kept, refused = check_cues(item.get("cues"), fact.text, avoid=self._example)
             batch.refused.extend(f"{handle} {r}" for r in refused)
             if len(kept) >= MIN_CUES:
                 batch.cues[fact.id] = tuple(kept)
