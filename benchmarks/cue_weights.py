@@ -103,6 +103,12 @@ def main() -> int:
     for weight in [float(w) for w in args.weights.split(",")]:
         wrapped.cue_weight = weight
         rows[f"query-only over Anticipating, cue weight {weight:g}"] = recalls(wrapped, questions, ks)
+    for depth in (1, 4, 8):
+        wrapped.cue_depth, wrapped.cue_weight = depth, 0.9
+        rows[f"query-only over Anticipating, cue weight 0.9, {depth} x K cue hits per probe"] = recalls(
+            wrapped, questions, ks
+        )
+    wrapped.cue_depth = 2
     wrapped.cue_weight = 0.9
     timing = latency(store, wrapped, questions)
     print(

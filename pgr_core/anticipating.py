@@ -141,6 +141,7 @@ class Anticipating(AddsOneFact, Store):
             raise InvalidArgumentError(f"cue_weight must be a number in (0, 1.5], got {cue_weight!r}")
         self.store = store
         self.cue_weight = float(cue_weight)
+        self.cue_depth = 2  # cue hits asked per probe: cue_depth x top_k (a fact has several cues)
         self.writer = writer
         self.cues = self._cue_index(store, cues)
         self.capabilities = replace(store.capabilities)  # type: ignore[misc]
@@ -185,7 +186,7 @@ class Anticipating(AddsOneFact, Store):
         base = self.store._checked_search(probes, scope, params)
         # a cue must reach min_score / cue_weight; above 1 none can (the cue score check below drops them)
         floor = min(params.min_score / self.cue_weight, 1.0)
-        wide = SearchParams(top_k=params.top_k * 2, min_score=floor, window=0)
+        wide = SearchParams(top_k=params.top_k * self.cue_depth, min_score=floor, window=0)
         by_cue = self.cues._checked_search(probes, scope, wide)
         merged: list[list[tuple[float, Fact | str, str | None]]] = []
         missing: dict[str, None] = {}
