@@ -72,6 +72,7 @@ class CueBuildReport:
     already: int = 0
     missing: int = 0
     sessions: int = 0
+    asked_sessions: int = 0  # sessions that made at least one LLM call
     calls: int = 0
     tokens: int = 0
     cues: int = 0
@@ -80,6 +81,7 @@ class CueBuildReport:
 
     def add(self, batch: CueBatch, facts: int) -> None:
         self.sessions += 1
+        self.asked_sessions += bool(batch.completions)
         self.facts += facts
         self.cued += len(batch.cues)
         self.cached += batch.cached
@@ -91,12 +93,13 @@ class CueBuildReport:
         self.errors.extend(batch.errors[:3])
 
     def merge(self, other: CueBuildReport) -> None:
-        for name in ("facts", "cued", "cached", "already", "missing", "sessions", "calls", "tokens", "cues", "seconds"):
+        names = ("facts", "cued", "cached", "already", "missing", "sessions", "asked_sessions", "calls", "tokens")
+        for name in (*names, "cues", "seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.errors.extend(other.errors[:3])
 
     def to_dict(self) -> dict[str, Any]:
-        asked = max(self.cued - self.cached, 0)
+        asked = max(self.cued - self.cached, 0) + self.missing  # the facts sent to the model
         return {
             "facts": self.facts,
             "cued": self.cued,
@@ -104,12 +107,13 @@ class CueBuildReport:
             "already_cued": self.already,
             "without_cues": self.missing,
             "sessions": self.sessions,
+            "sessions_asked": self.asked_sessions,
             "llm_calls": self.calls,
             "tokens": self.tokens,
             "cues": self.cues,
             "calls_per_fact": round(self.calls / asked, 4) if asked else 0.0,
             "tokens_per_fact": round(self.tokens / asked, 1) if asked else 0.0,
-            "seconds_per_session": round(self.seconds / self.sessions, 2) if self.sessions else 0.0,
+            "seconds_per_session": round(self.seconds / self.asked_sessions, 2) if self.asked_sessions else 0.0,
             "errors": self.errors[:10],
         }
 
