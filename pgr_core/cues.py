@@ -129,6 +129,8 @@ class CueBatch:
     completions: list[Completion] = field(default_factory=list)
     cached: int = 0
     errors: list[str] = field(default_factory=list)
+    transient: list[str] = field(default_factory=list)  # missing because the call failed, not the reply
+    skipped: int = 0  # missing because the cache records an earlier unusable reply (retry_failed=False)
 
     @property
     def calls(self) -> int:
@@ -145,6 +147,8 @@ class CueBatch:
         self.completions.extend(other.completions)
         self.cached += other.cached
         self.errors.extend(other.errors)
+        self.transient.extend(other.transient)
+        self.skipped += other.skipped
 
 
 class CueCache:
@@ -212,6 +216,9 @@ class CueWriter:
 
     ``cues_per_fact`` (2-4) is what the prompt asks for; a fact keeps at least two usable cues or none.
     ``max_tokens`` caps a reply (default: room for every fact's cues, at most 4,096).
+    A fact the model answered unusably twice (the reply and its repair) is recorded in the cache as
+    such and asked again on the next write unless ``retry_failed`` is False; a fact left by a timeout
+    or an unreachable server is simply asked again.
     Facts are shown to the model as quoted data (``F1``, ``F2``... handles), so a fact that reads like
     an instruction is read, not obeyed. ``cache`` (a :class:`CueCache`) serves facts by text.
     """
@@ -238,6 +245,9 @@ class CueWriter:
         self.cache = cache
         self.max_tokens = max_tokens
         self.temperature = temperature
+        #: ask again about facts the cache records as answered unusably (``pgr cues build``: yes;
+        #: ``pgr eval --cues``: no, so a rerun makes no call the first run could not use)
+        self.retry_failed = True
         self.identity = self.identity_for(str(getattr(llm, "model", None) or llm.name), cues_per_fact)
         reply = json.loads(prompt("cues_example").split("\n---\n")[1])
         self._example = frozenset(" ".join(c.lower().split()) for item in reply["cues"] for c in item["cues"])
@@ -275,6 +285,10 @@ class CueWriter:
         known = self.cache.get_many(self.identity, [f.text for f in facts]) if self.cache else {}
         for fact in facts:
             hit = known.get(fact.text)
+            if hit == () and not self.retry_failed:  # the model gave it no usable cue before
+                batch.missing.append(fact.id)
+                batch.skipped += 1
+                continue
             if hit is not None:  # cached before the example check existed: held to it now
                 hit = tuple(c for c in hit if " ".join(c.lower().split()) not in self._example)
             if hit is not None and len(hit) >= MIN_CUES:
@@ -286,9 +300,11 @@ class CueWriter:
             batch.merge(self._ask(todo[start : start + MAX_FACTS_PER_CALL]))
         if self.cache:
             by_id = {f.id: f for f in facts}
-            self.cache.put_many(
-                self.identity, {by_id[i].text: c for i, c in batch.cues.items() if i in by_id and i not in known}
-            )
+            written = {by_id[i].text: c for i, c in batch.cues.items() if i in by_id}
+            # a fact the model answered unusably, after the repair, is recorded as such (an empty
+            # list); one left by a timeout or an outage is not: that is no verdict on the fact
+            failed = {by_id[i].text: () for i in batch.missing if i in by_id and i not in batch.transient}
+            self.cache.put_many(self.identity, failed | written)
         return batch
 
     def _ask(self, facts: list[Fact]) -> CueBatch:
@@ -303,6 +319,7 @@ class CueWriter:
                 )
             except LLMError as exc:
                 batch.errors.append(f"{type(exc).__name__}: {exc}")
+                batch.transient.extend(f.id for f in pending.values())
                 break
             batch.completions.append(completion)
             problem = self._read(completion, pending, batch)

@@ -447,3 +447,19 @@ def test_cues_copied_from_the_worked_example_are_refused_and_a_cached_copy_is_as
     llm.extend([{"cues": [{"id": "F1", "cues": ["moving flat across town", "a trip to the coast"]}]}])
     again = writer.write([Fact(id="c", text=CAR, scope=U1)])
     assert again.cached == 0 and again.cues["c"] == ("moving flat across town", "a trip to the coast")
+
+
+def test_an_unusable_fact_is_recorded_and_an_eval_writer_does_not_ask_again(tmp_path: Path) -> None:
+    cache = CueCache(tmp_path / "c.sqlite3")
+    llm = ScriptedLLM(["no json", "still no json", LLMTimeoutError("late")])
+    writer = CueWriter(llm, cache=cache)
+    assert writer.write([Fact(id="p", text=PIZZA, scope=U1)]).missing == ["p"]  # reply and repair unusable
+    assert writer.write([Fact(id="k", text=KNEE, scope=U1)]).transient == ["k"]  # a timeout: no verdict
+    assert cache.get_many(writer.identity, [PIZZA, KNEE]) == {PIZZA: ()}
+    writer.retry_failed = False
+    batch = writer.write([Fact(id="p", text=PIZZA, scope=U1)])
+    assert (batch.missing, batch.skipped, len(llm.calls)) == (["p"], 1, 3)  # no fourth call
+    writer.retry_failed = True
+    llm.extend([{"cues": [{"id": "F1", "cues": CUES[PIZZA]}]}])
+    assert writer.write([Fact(id="p", text=PIZZA, scope=U1)]).cues["p"] == tuple(CUES[PIZZA])
+    assert cache.get_many(writer.identity, [PIZZA]) == {PIZZA: tuple(CUES[PIZZA])}

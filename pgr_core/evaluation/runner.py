@@ -136,6 +136,7 @@ def with_cues(
     from ..anticipating import Anticipating, CueBuildReport
 
     wrapped = Anticipating(store, cue_weight=cue_weight)
+    writer.retry_failed = False  # an eval rerun reuses the first run's verdicts: it asks only new facts
     owners = list(dict.fromkeys(f.scope for f in getattr(store, "facts", [])))
     total = CueBuildReport()
     started = time.perf_counter()
