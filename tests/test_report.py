@@ -485,3 +485,11 @@ def test_the_module_docstring_example_runs(tmp_path, monkeypatch) -> None:
     assert "Should I join a soccer league this summer?" in text
     assert "I twisted my knee playing football in March" in text
     assert "the knee injury rules out contact sport" in text
+
+
+def test_a_fact_found_through_a_cue_names_the_cue_escaped() -> None:
+    data = item()
+    data["pgr"]["facts"][0]["cue"] = 'should I join a league? <b>"now"</b>'
+    page = trace_page([data])
+    assert "through the cue &ldquo;should I join a league? &lt;b&gt;&quot;now&quot;&lt;/b&gt;&rdquo;" in page
+    assert "through the cue" not in trace_page([item()])
