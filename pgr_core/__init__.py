@@ -36,14 +36,14 @@ from .types import Budget, Capabilities, Fact, Hit, Scope, SearchParams
 __version__ = "0.1.0"
 
 __all__ = [
-    "Anticipating",
     "Answer",
+    "Anticipating",
     "Budget",
     "Capabilities",
     "Completion",
+    "ConfigurationError",
     "CueCache",
     "CueWriter",
-    "ConfigurationError",
     "DIMENSIONS",
     "DroppedProbe",
     "EdgeStore",

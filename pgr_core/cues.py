@@ -249,7 +249,7 @@ class CueWriter:
         #: ``pgr eval --cues``: no, so a rerun makes no call the first run could not use)
         self.retry_failed = True
         self.identity = self.identity_for(str(getattr(llm, "model", None) or llm.name), cues_per_fact)
-        reply = json.loads(prompt("cues_example").split("\n---\n")[1])
+        reply = json.loads(render("cues_example").split("\n---\n")[1])
         self._example = frozenset(" ".join(c.lower().split()) for item in reply["cues"] for c in item["cues"])
 
     def __repr__(self) -> str:
@@ -267,7 +267,7 @@ class CueWriter:
 
     def messages(self, facts: Sequence[Fact]) -> list[dict[str, str]]:
         lines = [f"F{i}: {quoted(f.text, _MAX_FACT_CHARS)}" for i, f in enumerate(facts, 1)]
-        example_facts, example_reply = prompt("cues_example").split("\n---\n")
+        example_facts, example_reply = render("cues_example").split("\n---\n")
         ask = partial(render, "cues", count=self.cues_per_fact)
         return [  # one worked example as an earlier exchange: a small model copies a shape, not content
             {"role": "user", "content": ask(facts=example_facts.strip())},
