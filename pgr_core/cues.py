@@ -263,7 +263,7 @@ class CueWriter:
 
     def _max_tokens(self, facts: int) -> int:
         """The reply's ceiling: ``max_tokens`` when given, else room for every fact's cues."""
-        return self.max_tokens or min(4096, 150 + 25 * self.cues_per_fact * facts)
+        return self.max_tokens or min(4096, 150 + 40 * self.cues_per_fact * facts)
 
     def messages(self, facts: Sequence[Fact]) -> list[dict[str, str]]:
         lines = [f"F{i}: {quoted(f.text, _MAX_FACT_CHARS)}" for i, f in enumerate(facts, 1)]
