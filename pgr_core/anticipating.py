@@ -20,13 +20,12 @@ I join a soccer league this summer?" with no LLM call in the query path.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .cues import MAX_CUES, CueBatch, CueWriter
+from .cues import MAX_CUES, CueBatch, CueWriter, text_key
 from .errors import ConfigurationError, InvalidArgumentError
 from .store import AddsOneFact, Store
 from .types import Fact, Hit, Scope, SearchParams
@@ -40,7 +39,15 @@ _SEP = "~cue"
 
 
 def _text_key(text: str) -> str:
-    return hashlib.sha256(" ".join(text.split()).encode("utf-8")).hexdigest()[:16]
+    """What a cue record remembers of the text it was written for (a changed text makes it stale)."""
+    return text_key(text)[:16]
+
+
+def _by_owner(facts: Iterable[Fact]) -> dict[Scope, list[Fact]]:
+    out: dict[Scope, list[Fact]] = {}
+    for fact in facts:
+        out.setdefault(fact.scope, []).append(fact)
+    return out
 
 
 def cue_path_for(store_path: str | Path) -> Path:
@@ -52,7 +59,9 @@ def cue_path_for(store_path: str | Path) -> Path:
 
 def _session_of(fact: Fact) -> str:
     """The session a fact was written in (extracted facts carry it in their metadata), or ''."""
-    marker = fact.metadata.get("pgr_session") if isinstance(fact.metadata, Mapping) else None
+    from .write.ingest import SESSION_KEY
+
+    marker = fact.metadata.get(SESSION_KEY) if isinstance(fact.metadata, Mapping) else None
     return str(fact.session_id or marker or "")
 
 
@@ -278,12 +287,8 @@ class Anticipating(AddsOneFact, Store):
         return removed
 
     def _refresh(self, facts: list[Fact]) -> None:
-        by_owner: dict[Scope, list[Fact]] = {}
-        for fact in facts:
-            by_owner.setdefault(fact.scope, []).append(fact)
-        for owner, owned in by_owner.items():
-            held = self.cues_of([f.id for f in owned], scope=owner, with_keys=True)
-            stale = [f for f in owned if f.id in held and held[f.id][0] != _text_key(f.text)]
+        for owner, owned in _by_owner(facts).items():
+            todo, stale = self._uncued(owned, owner)
             if stale:
                 self.cues.delete([c for f in stale for c in cue_ids(f.id)], scope=owner)  # type: ignore[attr-defined]
             union: dict[str, list[str]] = {}
@@ -297,18 +302,22 @@ class Anticipating(AddsOneFact, Store):
             if union:
                 self.put_cues({f.id: union[f.id] for f in owned if f.id in union}, [f for f in owned if f.id in union])
             if self.writer is not None:
-                self.cue([f for f in owned if f.id not in union], self.writer)
+                self._write_cues([f for f in todo if f.id not in union], self.writer)
 
     def cue(self, facts: Sequence[Fact], writer: CueWriter) -> CueBatch:
         """Write cues for those of ``facts`` (stored ones, one session's) that have none or have cues of
         an older text: one ``writer`` call for all of them. Returns the batch (cost, facts left out)."""
-        todo: list[Fact] = []
-        by_owner: dict[Scope, list[Fact]] = {}
-        for fact in facts:
-            by_owner.setdefault(fact.scope, []).append(fact)
-        for owner, owned in by_owner.items():
-            held = self.cues_of([f.id for f in owned], scope=owner, with_keys=True)
-            todo.extend(f for f in owned if f.id not in held or held[f.id][0] != _text_key(f.text))
+        todo = [f for owner, owned in _by_owner(facts).items() for f in self._uncued(owned, owner)[0]]
+        return self._write_cues(todo, writer)
+
+    def _uncued(self, facts: Sequence[Fact], scope: Scope) -> tuple[list[Fact], list[Fact]]:
+        """Of ``facts`` (within ``scope``): those with no cues or with cues of an older text, and of
+        those, the ones whose old cues are still held."""
+        held = self.cues_of([f.id for f in facts], scope=scope, with_keys=True)
+        todo = [f for f in facts if f.id not in held or held[f.id][0] != _text_key(f.text)]
+        return todo, [f for f in todo if f.id in held]
+
+    def _write_cues(self, todo: Sequence[Fact], writer: CueWriter) -> CueBatch:
         if not todo:
             return CueBatch()
         batch = writer.write(todo)
@@ -403,14 +412,13 @@ class Anticipating(AddsOneFact, Store):
             )
         facts: list[Fact] = list(lister(scope))
         report = CueBuildReport()
-        held = self.cues_of([f.id for f in facts], scope=scope, with_keys=True)
-        todo = [f for f in facts if f.id not in held or held[f.id][0] != _text_key(f.text)]
+        todo = self._uncued(facts, scope)[0]
         report.already = len(facts) - len(todo)
         sessions: dict[tuple[Scope, str], list[Fact]] = {}
         for fact in todo:
             sessions.setdefault((fact.scope, _session_of(fact)), []).append(fact)
         for done, group in enumerate(sessions.values(), 1):
-            report.add(self.cue(group, writer), len(group))
+            report.add(self._write_cues(group, writer), len(group))
             if progress is not None:
                 progress(done, len(sessions))
         return report

@@ -254,12 +254,10 @@ def cmd_cues(args: argparse.Namespace) -> int:
         reports = {}
         for user in users:
             bar = ProgressBar(f"cues {user}", None, enabled=not args.no_progress)
-            state = {"done": 0}
 
-            def tick(done: int, total: int, bar: Any = bar, state: dict[str, int] = state) -> None:
+            def tick(done: int, total: int, bar: Any = bar) -> None:
                 bar.total = total
-                bar.advance(done - state["done"])
-                state["done"] = done
+                bar.advance(done - bar.done)
 
             try:
                 report = store.build(writer, scope=Scope(user_id=user), progress=tick)

@@ -68,6 +68,11 @@ _STOP = frozenset(
 )
 
 
+def text_key(text: str) -> str:
+    """A fact text's key: the SHA-256 of its words (spacing does not count)."""
+    return hashlib.sha256(" ".join(text.split()).encode("utf-8")).hexdigest()
+
+
 def _content_words(text: str) -> set[str]:
     return {w[:6] for w in (m.group(0).lower() for m in _WORD.finditer(text)) if w not in _STOP and len(w) > 2}
 
@@ -174,12 +179,8 @@ class CueCache:
     def __repr__(self) -> str:
         return f"CueCache({str(self.path) if self.path else None!r})"
 
-    @staticmethod
-    def _key(text: str) -> str:
-        return hashlib.sha256(" ".join(text.split()).encode("utf-8")).hexdigest()
-
     def get_many(self, writer: str, texts: Iterable[str]) -> dict[str, tuple[str, ...]]:
-        wanted = {self._key(t): t for t in texts}
+        wanted = {text_key(t): t for t in texts}
         out: dict[str, tuple[str, ...]] = {}
         with self._lock:
             keys = list(wanted)
@@ -199,7 +200,7 @@ class CueCache:
         return out
 
     def put_many(self, writer: str, items: Mapping[str, Sequence[str]]) -> None:
-        rows = [(writer, self._key(text), json.dumps(list(cues), ensure_ascii=False)) for text, cues in items.items()]
+        rows = [(writer, text_key(text), json.dumps(list(cues), ensure_ascii=False)) for text, cues in items.items()]
         if not rows:
             return
         with self._lock:
@@ -249,7 +250,9 @@ class CueWriter:
         #: ``pgr eval --cues``: no, so a rerun makes no call the first run could not use)
         self.retry_failed = True
         self.identity = self.identity_for(str(getattr(llm, "model", None) or llm.name), cues_per_fact)
-        reply = json.loads(render("cues_example").split("\n---\n")[1])
+        example_facts, example_reply = (part.strip() for part in render("cues_example").split("\n---\n"))
+        self._example_turn = (example_facts, example_reply)  # the worked example, read once
+        reply = json.loads(example_reply)
         self._example = frozenset(" ".join(c.lower().split()) for item in reply["cues"] for c in item["cues"])
 
     def __repr__(self) -> str:
@@ -267,11 +270,11 @@ class CueWriter:
 
     def messages(self, facts: Sequence[Fact]) -> list[dict[str, str]]:
         lines = [f"F{i}: {quoted(f.text, _MAX_FACT_CHARS)}" for i, f in enumerate(facts, 1)]
-        example_facts, example_reply = render("cues_example").split("\n---\n")
+        example_facts, example_reply = self._example_turn
         ask = partial(render, "cues", count=self.cues_per_fact)
         return [  # one worked example as an earlier exchange: a small model copies a shape, not content
-            {"role": "user", "content": ask(facts=example_facts.strip())},
-            {"role": "assistant", "content": example_reply.strip()},
+            {"role": "user", "content": ask(facts=example_facts)},
+            {"role": "assistant", "content": example_reply},
             {"role": "user", "content": ask(facts="\n".join(lines))},
         ]
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,29 +16,12 @@ from pgr_core.cli import main
 from pgr_core.cues import MAX_CUE_WORDS, check_cues
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, LLMTimeoutError
 from pgr_core.prospectors import quoted
-from pgr_core.testing import ScriptedLLM
+from pgr_core.testing import ScriptedLLM, asked_facts, cue_llm
 from pgr_core.types import SearchParams
 from pgr_core.write import Ingestor, Session, Turn
 
 U1 = Scope(user_id="u1")
 U2 = Scope(user_id="u2")
-_LINE = re.compile(r'^(F\d+): (".*")$', re.MULTILINE)
-
-
-def asked_facts(messages: Sequence[Mapping[str, str]]) -> dict[str, str]:
-    """handle -> fact text, from the last (real) request of a cue call."""
-    return {h: json.loads(t) for h, t in _LINE.findall(messages[-1]["content"])}
-
-
-def cue_llm(cues_by_text: Mapping[str, list[str]]) -> ScriptedLLM:
-    """A model that answers every cue request from ``cues_by_text`` (facts it does not know get none)."""
-
-    def handler(messages: Sequence[Mapping[str, str]], schema: Any) -> Any:
-        return {"cues": [{"id": h, "cues": cues_by_text.get(text, [])} for h, text in asked_facts(messages).items()]}
-
-    return ScriptedLLM(handler=handler)
-
-
 KNEE = "I had knee surgery in March and may not run until September"
 CAR = "I sold my car in January and take the bus"
 PIZZA = "My favourite food is pizza"

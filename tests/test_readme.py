@@ -14,6 +14,20 @@ from pgr_core.testing import ScriptedLLM
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
+def _run_example(code: str, llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Run a README block as written, with ``llm`` for OpenAICompatible and EdgeStore.open under
+    ``tmp_path`` on the hashing embedder (fast, and independent of the MiniLM model)."""
+    monkeypatch.setattr(pgr_core, "OpenAICompatible", lambda **kwargs: llm)
+
+    class Edge:
+        @staticmethod
+        def open(path: str) -> EdgeStore:
+            return EdgeStore.open(tmp_path / path, embedder=HashingEmbedder())
+
+    monkeypatch.setattr(pgr_core, "EdgeStore", Edge)
+    exec(compile(code, str(README), "exec"), {})
+
+
 def test_readme_python_example(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -32,16 +46,7 @@ def test_readme_python_example(
             {"summary": "The physio's advice matters: no sudden stops until July."},
         ]
     )
-    monkeypatch.setattr(pgr_core, "OpenAICompatible", lambda **kwargs: llm)
-
-    # the hashing embedder keeps this test fast and independent of the MiniLM model
-    class Edge:
-        @staticmethod
-        def open(path: str) -> EdgeStore:
-            return EdgeStore.open(tmp_path / path, embedder=HashingEmbedder())
-
-    monkeypatch.setattr(pgr_core, "EdgeStore", Edge)
-    exec(compile(code.group(1), str(README), "exec"), {})
+    _run_example(code.group(1), llm, monkeypatch, tmp_path)
     with EdgeStore.open(tmp_path / "memory.edge", embedder=HashingEmbedder(), create=False) as again:
         assert [f.text for f in again.facts_for(Scope(user_id="u1"))] == ["My physio says no sudden stops until July"]
     out = capsys.readouterr().out
@@ -82,15 +87,7 @@ def test_readme_anticipating_example(
             {"cues": [{"id": "F1", "cues": ["signing up for a 10k race in October", "planning a hiking weekend"]}]},
         ]
     )
-    monkeypatch.setattr(pgr_core, "OpenAICompatible", lambda **kwargs: llm)
-
-    class Edge:
-        @staticmethod
-        def open(path: str) -> EdgeStore:
-            return EdgeStore.open(tmp_path / path, embedder=HashingEmbedder())
-
-    monkeypatch.setattr(pgr_core, "EdgeStore", Edge)
-    exec(compile(code.group(1), str(README), "exec"), {})
+    _run_example(code.group(1), llm, monkeypatch, tmp_path)
     out = capsys.readouterr().out
     assert "1 fact(s) cued in 1 call(s)" in out
     assert f"{fact} | found through: signing up for a 10k race in October" in out

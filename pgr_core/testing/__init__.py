@@ -6,6 +6,7 @@ The conformance suite for store adapters lives in :mod:`pgr_core.testing.conform
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any
 from ..errors import LLMError
 from ..llm import LLM, Completion, Usage
 
-__all__ = ["LLMCall", "ScriptedLLM"]
+__all__ = ["CUE_BACKFILL_NOTES", "CUE_BACKFILL_OTHER", "LLMCall", "ScriptedLLM", "asked_facts", "cue_llm"]
 
 Reply = str | Mapping[str, Any] | BaseException
 Handler = Callable[[Sequence[Mapping[str, str]], Mapping[str, Any] | None], Reply]
@@ -80,3 +81,40 @@ class ScriptedLLM(LLM):
             text = text[: self.truncate_at]
         usage = Usage.estimate(messages, text, estimated=False)  # the script's own count, by definition
         return Completion(text=text, usage=usage, model="scripted", truncated=truncated)
+
+
+# --------------------------------------------------------------------------- cue writing
+
+_CUE_LINE = re.compile(r'^(F\d+): (".*")$', re.MULTILINE)
+
+
+def asked_facts(messages: Sequence[Mapping[str, str]]) -> dict[str, str]:
+    """handle -> fact text, from the last (real) request of a cue call (``F1: "text"`` lines)."""
+    return {h: json.loads(t) for h, t in _CUE_LINE.findall(messages[-1]["content"])}
+
+
+def cue_llm(cues_by_text: Mapping[str, Sequence[str]]) -> ScriptedLLM:
+    """A model that answers every cue request from ``cues_by_text`` (facts it does not know get none)."""
+
+    def handler(messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any] | None) -> Reply:
+        asked = asked_facts(messages)
+        return {"cues": [{"id": h, "cues": list(cues_by_text.get(text, []))} for h, text in asked.items()]}
+
+    return ScriptedLLM(handler=handler)
+
+
+#: An application's notes about alice, each with the cues a model would write (the adapters' backfill tests).
+CUE_BACKFILL_NOTES: dict[str, list[str]] = {
+    "Twisted my knee skiing in February; physio says no running until July": [
+        "should I join a soccer league this summer",
+        "signing up for a charity race",
+    ],
+    "Sold the car in January and takes the bus": ["plan a weekend road trip", "picking up a sofa from the store"],
+    "Has a bookkeeping class on Tuesday and Thursday evenings": [
+        "booking midweek dinner plans",
+        "a concert after work",
+    ],
+    "In run 7 Alice asked for a vegetarian dinner recipe": ["what should I cook tonight", "hosting friends for a meal"],
+}
+#: ... and bob's, which must never reach a prompt of alice's backfill.
+CUE_BACKFILL_OTHER = "Bob runs marathons every spring and loves soccer"

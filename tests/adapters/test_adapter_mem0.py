@@ -9,7 +9,6 @@ import functools
 import inspect
 import json
 import os
-import re
 import tempfile
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -53,7 +52,7 @@ from pgr_core import (  # noqa: E402
     plugins,
 )
 from pgr_core.embedders import MiniLMEmbedder  # noqa: E402
-from pgr_core.testing import ScriptedLLM  # noqa: E402
+from pgr_core.testing import CUE_BACKFILL_NOTES, CUE_BACKFILL_OTHER, cue_llm  # noqa: E402
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus  # noqa: E402
 
 ALICE = Scope(user_id="alice")
@@ -432,32 +431,8 @@ def test_plugin_registers_the_mem0_store(memory: Any, monkeypatch: pytest.Monkey
 
 # ---------------------------------------------------------------------- cues backfilled over a memory others filled
 
-_LINE = re.compile(r'^(F\d+): (".*")$', re.MULTILINE)
-
-
-def cue_llm(cues_by_text: dict[str, list[str]]) -> ScriptedLLM:
-    """A model answering every cue request from ``cues_by_text`` (as tests/test_anticipating.py's)."""
-
-    def handler(messages: Any, schema: Any) -> Any:
-        asked = {h: json.loads(t) for h, t in _LINE.findall(messages[-1]["content"])}
-        return {"cues": [{"id": h, "cues": cues_by_text.get(text, [])} for h, text in asked.items()]}
-
-    return ScriptedLLM(handler=handler)
-
-
-ALICE_NOTES = {
-    "Twisted my knee skiing in February; physio says no running until July": [
-        "should I join a soccer league this summer",
-        "signing up for a charity race",
-    ],
-    "Sold the car in January and takes the bus": ["plan a weekend road trip", "picking up a sofa from the store"],
-    "Has a bookkeeping class on Tuesday and Thursday evenings": [
-        "booking midweek dinner plans",
-        "a concert after work",
-    ],
-    "In run 7 Alice asked for a vegetarian dinner recipe": ["what should I cook tonight", "hosting friends for a meal"],
-}
-BOB_NOTE = "Bob runs marathons every spring and loves soccer"
+ALICE_NOTES = CUE_BACKFILL_NOTES
+BOB_NOTE = CUE_BACKFILL_OTHER
 
 
 @pytest.mark.parametrize("kind", [Memory, AsyncMemory], ids=["Memory", "AsyncMemory"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import re
 import subprocess
 import sys
 import uuid
@@ -35,7 +34,7 @@ from pgr_core import (
     StoreError,
 )
 from pgr_core.embedders import MiniLMEmbedder, minilm_available
-from pgr_core.testing import ScriptedLLM
+from pgr_core.testing import CUE_BACKFILL_NOTES, CUE_BACKFILL_OTHER, ScriptedLLM, cue_llm
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus
 
 ALICE = Scope(user_id="alice")
@@ -879,7 +878,6 @@ def test_a_list_owner_point_is_dropped_counted_and_the_rest_returned(kind):
 
 
 def test_mixed_naive_and_aware_payload_dates_answer_either_kind_of_query_date():
-    from pgr_core.testing import ScriptedLLM
 
     client = QdrantClient(":memory:")
     store = _hashing_store(client)
@@ -1067,32 +1065,8 @@ def test_create_collection_with_a_sparse_vector_searches_hybrid_on_an_async_clie
 
 # ====================================================================== cues backfilled over a collection others filled
 
-_LINE = re.compile(r'^(F\d+): (".*")$', re.MULTILINE)
-
-
-def cue_llm(cues_by_text: dict[str, list[str]]) -> ScriptedLLM:
-    """A model answering every cue request from ``cues_by_text`` (as tests/test_anticipating.py's)."""
-
-    def handler(messages, schema):
-        asked = {h: json.loads(t) for h, t in _LINE.findall(messages[-1]["content"])}
-        return {"cues": [{"id": h, "cues": cues_by_text.get(text, [])} for h, text in asked.items()]}
-
-    return ScriptedLLM(handler=handler)
-
-
-ALICE_NOTES = {
-    "Twisted my knee skiing in February; physio says no running until July": [
-        "should I join a soccer league this summer",
-        "signing up for a charity race",
-    ],
-    "Sold the car in January and takes the bus": ["plan a weekend road trip", "picking up a sofa from the store"],
-    "Has a bookkeeping class on Tuesday and Thursday evenings": [
-        "booking midweek dinner plans",
-        "a concert after work",
-    ],
-    "In run 7 Alice asked for a vegetarian dinner recipe": ["what should I cook tonight", "hosting friends for a meal"],
-}
-BOB_NOTE = "Bob runs marathons every spring and loves soccer"
+ALICE_NOTES = CUE_BACKFILL_NOTES
+BOB_NOTE = CUE_BACKFILL_OTHER
 SHARED_NOTE = "A note alice and bob share"
 
 
