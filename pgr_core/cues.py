@@ -303,10 +303,12 @@ class CueWriter:
             batch.merge(self._ask(todo[start : start + MAX_FACTS_PER_CALL]))
         if self.cache:
             by_id = {f.id: f for f in facts}
-            written = {by_id[i].text: c for i, c in batch.cues.items() if i in by_id}
+            written: dict[str, Sequence[str]] = {by_id[i].text: c for i, c in batch.cues.items() if i in by_id}
             # a fact the model answered unusably, after the repair, is recorded as such (an empty
             # list); one left by a timeout or an outage is not: that is no verdict on the fact
-            failed = {by_id[i].text: () for i in batch.missing if i in by_id and i not in batch.transient}
+            failed: dict[str, Sequence[str]] = {
+                by_id[i].text: () for i in batch.missing if i in by_id and i not in batch.transient
+            }
             self.cache.put_many(self.identity, failed | written)
         return batch
 
