@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from .._dates import parse_date
-from ..datasets import load_locomo
+from ..datasets import json_objects, load_locomo, prefeval_root
 from ..errors import InvalidArgumentError
 from ..types import Fact, Scope
 
@@ -106,16 +106,6 @@ def load_locomo_set(path: str | Path) -> EvalSet:
 # --------------------------------------------------------------------------- PrefEval
 
 
-def _prefeval_root(path: Path) -> Path:
-    for candidate in (path, path / "benchmark_dataset"):
-        if (candidate / "explicit_preference").is_dir():
-            return candidate
-    raise InvalidArgumentError(
-        f"no PrefEval data at {path}: expected a folder holding explicit_preference/ and "
-        "filtered_inter_turns.json (see ../shared/data/README.md)"
-    )
-
-
 def _turn_text(role: str, content: str, limit: int = 2000) -> str:
     content = " ".join(content.split())
     return f"{role}: {content[:limit]}"
@@ -136,7 +126,7 @@ def load_prefeval(
     unrelated ones, and the question follows. Every turn is one fact. ``per_topic`` keeps the first N
     preferences of each of the 20 topics (the category in the breakdowns).
     """
-    root = _prefeval_root(Path(path))
+    root = prefeval_root(path)
     if fillers < 0:
         raise InvalidArgumentError("fillers must be >= 0")
     inter = json.loads((root / "filtered_inter_turns.json").read_text(encoding="utf-8"))
@@ -218,17 +208,9 @@ def _require(obj: Mapping[str, Any], key: str, where: str) -> Any:
     return obj[key]
 
 
-def user_records(lines: Iterable[str], source: str) -> Iterable[dict[str, Any]]:
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidArgumentError(f"{source} line {n}: not JSON ({exc.msg})") from None
-        if not isinstance(record, dict):
-            raise InvalidArgumentError(f"{source} line {n}: expected one JSON object per line")
-        yield record
+def user_records(lines: Iterable[str], source: str) -> Iterator[dict[str, Any]]:
+    """The objects of a JSON Lines file (:func:`pgr_core.datasets.json_objects` without line numbers)."""
+    return (record for _, record in json_objects(lines, source))
 
 
 def load_jsonl(path: str | Path, *, name: str = "memoryquest") -> EvalSet:
@@ -244,7 +226,7 @@ def load_jsonl(path: str | Path, *, name: str = "memoryquest") -> EvalSet:
     facts: list[Fact] = []
     questions: list[EvalQuestion] = []
     with path.open(encoding="utf-8") as fh:
-        for n, record in enumerate(user_records(fh, str(path)), 1):
+        for n, record in json_objects(fh, str(path)):
             where = f"{path} line {n}"
             user = str(_require(record, "user_id", where))
             scope = Scope(user_id=user)

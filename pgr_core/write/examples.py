@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from .._dates import parse_date
+from ..datasets import prefeval_root
 from ..errors import InvalidArgumentError
 from .sessions import Session, Turn
 
@@ -51,16 +52,6 @@ class TrainingExample:
         return "\n".join(f"{string.ascii_uppercase[i]}. {o}" for i, o in enumerate(self.options))
 
 
-def _root(path: Path) -> Path:
-    for candidate in (path, path / "benchmark_dataset"):
-        if (candidate / "explicit_preference").is_dir():
-            return candidate
-    raise InvalidArgumentError(
-        f"no PrefEval data at {path}: expected a folder holding explicit_preference/, mcq_options/ and "
-        "filtered_inter_turns.json (see ../shared/data/README.md)"
-    )
-
-
 def prefeval_examples(
     path: str | Path,
     *,
@@ -79,7 +70,7 @@ def prefeval_examples(
     """
     if train < 0 or val < 0 or train + val == 0:
         raise InvalidArgumentError("train and val must be >= 0, and not both 0")
-    root = _root(Path(path))
+    root = prefeval_root(path)
     rng = random.Random(seed)
     fillers_pool = json.loads((root / "filtered_inter_turns.json").read_text(encoding="utf-8"))
     if fillers > len(fillers_pool):

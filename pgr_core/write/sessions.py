@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._dates import DateLike, parse_date
+from ..datasets import json_objects, read_locomo
 from ..errors import InvalidArgumentError
 from ..types import Scope
 
@@ -135,45 +135,23 @@ class UserSessions:
 
 # --------------------------------------------------------------------------- LoCoMo
 
-_SESSION_KEY = re.compile(r"^session_(\d+)$")
-
-
-def _locomo_when(text: str) -> datetime | None:
-    for fmt in ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y"):
-        try:
-            return datetime.strptime(text.strip(), fmt)
-        except ValueError:
-            continue
-    return None
-
 
 def locomo_sessions(path: str | Path, *, users: Sequence[str] | None = None) -> Iterator[UserSessions]:
     """LoCoMo's conversations as sessions: ``Scope(user_id=<sample id>)``, session ids ``S1``, ``S2``...
 
-    Turn ids are LoCoMo's ``dia_id`` (``D1:3``), so raw ingestion gives each turn the fact id
-    ``<sample>:D1:3`` that the evaluation's gold evidence names. A shared image's caption is kept in
-    the turn text (``[shares ...]``), as the evaluation loader does.
+    Read by :func:`pgr_core.datasets.read_locomo`, the parser the evaluation uses too, so the dates,
+    texts and turn ids here are the evaluation's (a session without a date time is undated). Turn ids
+    are LoCoMo's ``dia_id`` (``D1:3``), so raw ingestion gives each turn the fact id ``<sample>:D1:3``
+    that the evaluation's gold evidence names; a shared image's caption is in the turn text.
     """
-    path = Path(path)
-    if path.is_dir():
-        path = path / "locomo10.json"
-    if not path.exists():
-        raise InvalidArgumentError(f"no LoCoMo file at {path} (expected locomo10.json)")
     wanted = set(users) if users else None
-    for conv in json.loads(path.read_text(encoding="utf-8")):
-        sample = conv["sample_id"]
-        if wanted is not None and sample not in wanted:
+    for conv in read_locomo(path):
+        if wanted is not None and conv.sample_id not in wanted:
             continue
-        raw = conv["conversation"]
-        keys = sorted((k for k in raw if _SESSION_KEY.match(k)), key=lambda k: int(k.split("_")[1]))
-        sessions = []
-        for key in keys:
-            turns = []
-            for t in raw[key]:
-                text = t["text"] + (f" [shares {t['blip_caption']}]" if t.get("blip_caption") else "")
-                turns.append(Turn(t["speaker"], text, t.get("dia_id")))
-            sessions.append(Session(f"S{key.split('_')[1]}", _locomo_when(raw.get(f"{key}_date_time", "")), turns))
-        yield UserSessions(Scope(user_id=sample), sessions)
+        sessions = [
+            Session(f"S{s.number}", s.date, [Turn(t.speaker, t.text, t.id) for t in s.turns]) for s in conv.sessions
+        ]
+        yield UserSessions(Scope(user_id=conv.sample_id), sessions)
 
 
 # --------------------------------------------------------------------------- JSONL (docs/eval-format.md)
@@ -189,14 +167,8 @@ def jsonl_sessions(path: str | Path, *, users: Sequence[str] | None = None) -> I
         raise InvalidArgumentError(f"no sessions file at {path}")
     wanted = set(users) if users else None
     with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InvalidArgumentError(f"{path} line {n}: not JSON ({exc.msg})") from None
-            if not isinstance(record, dict) or "user_id" not in record:
+        for n, record in json_objects(fh, str(path)):
+            if "user_id" not in record:
                 raise InvalidArgumentError(f"{path} line {n}: expected an object with a 'user_id'")
             user = str(record["user_id"])
             if wanted is not None and user not in wanted:
