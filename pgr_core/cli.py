@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -12,9 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ._argtypes import OneLineParser, nonnegative_float, nonnegative_int, positive_int, unit_float
+from ._cli_llm import add_llm_options, llm_from_args
 from .embedders import Embedder, HashingEmbedder, MiniLMEmbedder, minilm_available
 from .errors import InvalidArgumentError, PGRError
-from .llm import LLM, llm_from_env
+from .llm import LLM
 from .trace import RetrievalResult, Step
 
 if TYPE_CHECKING:
@@ -22,6 +24,17 @@ if TYPE_CHECKING:
     from .evaluation.data import EvalSet
 
 __all__ = ["main"]
+
+DEGRADED_EXIT = 3  # --strict: a result came back degraded
+NO_FACTS_EXIT = 1  # pgr retrieve: the scope owns no facts in the store
+
+
+class NoFactsError(PGRError):
+    """``pgr retrieve`` for a scope that owns nothing in the store (a typo, or a user not yet ingested)."""
+
+
+class Interrupted(Exception):  # Ctrl-C, with what the command kept
+    """Ctrl-C during a command that keeps its work: the message says what was kept and how to resume."""
 
 NO_LLM_NOTE = (
     "No LLM configured (set PGR_LLM_BASE_URL and PGR_LLM_MODEL to use one): no prospection, the query's own "
@@ -49,13 +62,7 @@ def _embedder(name: str) -> Embedder:
 
 
 def _llm(args: argparse.Namespace) -> LLM | None:
-    if args.no_llm:
-        return None
-    if args.base_url or args.model:
-        from .llm import OpenAICompatible
-
-        return OpenAICompatible(base_url=args.base_url, model=args.model, timeout=args.llm_timeout)
-    return llm_from_env(timeout=args.llm_timeout)  # --llm-timeout holds when the URL comes from the environment
+    return llm_from_args(args)
 
 
 def _pgr(store: Any, llm: LLM | None, args: argparse.Namespace, no_llm_strategy: str = "none") -> Any:
@@ -174,12 +181,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
             _print_demo_query(item, sys.stdout)
         print(f"\nTrace page: {page.resolve()}")
     _say(f"trace page written to {page.resolve()}")
-    return 0
+    return _strict_status(args, [i.pgr for i in items])
 
 
 def cmd_retrieve(args: argparse.Namespace) -> int:
     from .builtin import opened_store
 
+    if args.top_k is not None and not args.query_only:
+        raise InvalidArgumentError("--top-k sets K for --query-only; to cut PGR's ranked facts to N, use --max-facts N")
     llm = _llm(args)
     if llm is None:
         _say(NO_LLM_NOTE)
@@ -213,11 +222,37 @@ def cmd_store_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _retrieve(args: argparse.Namespace, store: Any, llm: LLM | None) -> int:
+def _users_note(store: Any) -> str:
+    from .cli_write import users_of
+
+    try:
+        users = users_of(store)
+    except (AttributeError, TypeError):  # a store that cannot list its owners
+        return ""
+    shown = ", ".join(users[:5]) + (", ..." if len(users) > 5 else "")
+    return f"it holds {len(users)} user(s)" + (f": {shown}" if users else "")
+
+
+def _scope_of(args: argparse.Namespace, store: Any, pgr: Any) -> Any:
+    """The caller's scope; a missing one names ``--user``, and one that owns nothing says so."""
     from .types import Scope
 
+    if not (args.user or args.agent or args.run):
+        note = _users_note(store)
+        raise InvalidArgumentError(
+            f"--user is required: whose memories to search in {args.store}" + (f" ({note})" if note else "")
+        )
     scope = Scope(user_id=args.user, agent_id=args.agent, run_id=args.run)
+    if not pgr.query_only(args.query, scope=scope, top_k=1).facts:  # one search: owns the scope anything?
+        who = " ".join(f"--{k.split('_')[0]} {v}" for k, v in scope.as_dict().items())
+        note = _users_note(store)
+        raise NoFactsError(f"{args.store} holds no facts for {who}" + (f"; {note}" if note else ""))
+    return scope
+
+
+def _retrieve(args: argparse.Namespace, store: Any, llm: LLM | None) -> int:
     pgr = _pgr(store, llm, args)
+    scope = _scope_of(args, store, pgr)
     result: RetrievalResult = (
         pgr.query_only(args.query, scope=scope, date=args.date, top_k=args.top_k)
         if args.query_only
@@ -231,7 +266,7 @@ def _retrieve(args: argparse.Namespace, store: Any, llm: LLM | None) -> int:
         _say(f"trace page written to {write_trace_page(args.html, [item]).resolve()}")
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
-        return 0
+        return _strict_status(args, [result])
     print(f"{len(result.facts)} facts ({pgr.prospector.name if not args.query_only else 'query-only'}):")
     for f in result.facts:
         when = f.fact.date.date().isoformat() if f.fact.date else "undated"
@@ -243,7 +278,16 @@ def _retrieve(args: argparse.Namespace, store: Any, llm: LLM | None) -> int:
         print("\n".join("  " + line for line in tree_lines(result.trace.steps)))
     if result.degraded:
         print(f"\nDEGRADED ({result.trace.stop_reason}): {'; '.join(result.trace.errors)}")
-    return 0
+    return _strict_status(args, [result])
+
+
+def _strict_status(args: argparse.Namespace, results: Sequence[RetrievalResult]) -> int:
+    """0, or with ``--strict`` :data:`DEGRADED_EXIT` when any result is degraded (said on stderr)."""
+    degraded = [r for r in results if r.degraded]
+    if not (args.strict and degraded):
+        return 0
+    _say(f"pgr: {len(degraded)} of {len(results)} result(s) degraded (--strict): {degraded[0].trace.stop_reason}")
+    return DEGRADED_EXIT
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -269,14 +313,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="prospection (default: tot with an LLM; without one, none: the query's own list, "
         "except in the demo, which shows facet)",
     )
-    p.add_argument("--no-llm", action="store_true", help="ignore any configured LLM")
-    p.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
-    p.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
-    p.add_argument("--llm-timeout", type=nonnegative_float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "60")))
+    add_llm_options(p, no_llm=True)
     p.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
     p.add_argument("--window", type=nonnegative_int, default=0, help="temporal window: ±w turns around each hit")
     p.add_argument("--max-facts", type=positive_int, default=None, help="cut R* to this many facts")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--strict", action="store_true", help=f"exit {DEGRADED_EXIT} when a result is degraded (an LLM call failed)"
+    )
 
 
 def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
@@ -455,19 +499,9 @@ def _run_eval(
 
 def cmd_memoryquest(args: argparse.Namespace) -> int:
     """Build a MemoryQuest data set from persona profiles (resumable: rerun the same command)."""
-    from .errors import ConfigurationError
     from .evaluation.memoryquest import build_memoryquest
 
-    if args.base_url or args.model:
-        from .llm import OpenAICompatible
-
-        llm: LLM | None = OpenAICompatible(base_url=args.base_url, model=args.model, timeout=args.llm_timeout)
-    else:
-        llm = llm_from_env(timeout=args.llm_timeout)
-    if llm is None:
-        raise ConfigurationError(
-            "memoryquest build needs an LLM: pass --base-url and --model, or set PGR_LLM_BASE_URL and PGR_LLM_MODEL"
-        )
+    llm = llm_from_args(args, required="memoryquest build")
     out = build_memoryquest(
         args.personas,
         args.out,
@@ -568,10 +602,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--prefeval-kind", choices=["explicit", "choice-based", "persona-driven"], default="explicit")
     ev.add_argument("--fillers", type=nonnegative_int, default=5, help="PrefEval: filler conversations per history")
     ev.add_argument("--per-topic", type=positive_int, default=None, help="PrefEval: first N preferences of each topic")
-    ev.add_argument("--no-llm", action="store_true", help="ignore any configured LLM")
-    ev.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
-    ev.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
-    ev.add_argument("--llm-timeout", type=nonnegative_float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "120")))
+    add_llm_options(ev, no_llm=True)
     ev.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
     ev.set_defaults(func=cmd_eval)
 
@@ -584,9 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
     mq.add_argument("--max-queries", type=positive_int, default=15, help="requests per user (the paper: 15)")
     mq.add_argument("--max-cosine", type=unit_float, default=0.3, help="mean query-reference cosine allowed (0.3)")
     mq.add_argument("--seed", type=int, default=0, help="draws the requests' dates")
-    mq.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
-    mq.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
-    mq.add_argument("--llm-timeout", type=nonnegative_float, default=float(os.environ.get("PGR_LLM_TIMEOUT", "120")))
+    add_llm_options(mq)
     mq.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm", help="for the cosine filter")
     mq.set_defaults(func=cmd_memoryquest)
 
@@ -615,6 +644,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.strategy = args.strategy or "tot"
     try:
         return int(args.func(args))
+    except NoFactsError as exc:
+        _say(f"pgr: {exc}")
+        return NO_FACTS_EXIT
     except PGRError as exc:
         _say(f"pgr: error: {exc}")
         return 2
@@ -622,10 +654,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
         _say(f"pgr: error: cannot use{where}: {exc.strerror or exc}")
         return 2
-    except KeyboardInterrupt:
-        _say("pgr: interrupted")
+    except (KeyboardInterrupt, Interrupted) as exc:
+        _say(f"pgr: {exc}" if isinstance(exc, Interrupted) else "pgr: interrupted")
         return 130
 
 
+def run() -> None:
+    """The ``pgr`` console script: :func:`main`, and after a Ctrl-C a second one is ignored while Python
+    winds down (worker threads, torch's pools), so the user sees one line, not a traceback."""
+    code = main()
+    if code == 130:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,31 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from ._argtypes import nonnegative_float, nonnegative_int, positive_int, unit_float
+from ._cli_llm import add_llm_options
+from ._cli_llm import llm_from_args as _llm
 from .errors import ConfigurationError, InvalidArgumentError
-from .llm import LLM, llm_from_env
+from .llm import LLM
 
 __all__ = ["register"]
 
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def _llm(args: argparse.Namespace, *, required: str | None = None) -> LLM | None:
-    llm: LLM | None
-    if getattr(args, "no_llm", False):
-        llm = None
-    elif args.base_url or args.model:
-        from .llm import OpenAICompatible
-
-        llm = OpenAICompatible(base_url=args.base_url, model=args.model, timeout=args.llm_timeout)
-    else:
-        llm = llm_from_env(timeout=args.llm_timeout)
-    if llm is None and required:
-        raise ConfigurationError(
-            f"{required} needs an LLM: pass --base-url and --model, or set PGR_LLM_BASE_URL and PGR_LLM_MODEL"
-        )
-    return llm
 
 
 @contextmanager
@@ -207,7 +191,10 @@ def _ingest_run(
     )
     sessions = sum(len(u.sessions) for u in users)
     _say(f"{args.source}: {len(users)} user(s), {sessions} sessions, mode {ingestor.mode}, into {out}")
-    report = ingestor.ingest_users(users)
+    try:
+        report = ingestor.ingest_users(users)
+    except KeyboardInterrupt:
+        raise _interrupted(users, ledger, out) from None
     if not _durable(store):
         store.save(out)
     summary = report.to_dict() | {"store": str(out), "facts_in_store": len(store)}
@@ -232,6 +219,19 @@ def _ingest_run(
         first = users[0].scope.user_id
         print(f'search it: pgr retrieve --store {out} --user {first} "..."')
     return 1 if report.failed and not report.ingested else 0
+
+
+def _interrupted(users: list[Any], ledger: Any, out: Path) -> Exception:
+    """Ctrl-C mid-ingest: the sessions the ledger lists are in the store for good (a session is listed
+    only once its facts are durable), and a rerun of the same command skips them."""
+    from .cli import Interrupted
+
+    total = sum(len(u.sessions) for u in users)
+    kept = sum(1 for u in users for s in u.sessions if ledger.is_done(u.scope, s))
+    return Interrupted(
+        f"interrupted: {kept} of {total} session(s) are kept in {out}; "
+        "rerun the same command to resume (kept sessions are skipped)"
+    )
 
 
 def _cue_writer(args: argparse.Namespace, llm: LLM | None) -> Any:
@@ -387,11 +387,8 @@ def _cmd_induce(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parser
 
 
-def _llm_options(p: argparse.ArgumentParser, *, timeout: float = 120.0) -> None:
-    p.add_argument("--base-url", default=None, help="OpenAI-compatible server (default: $PGR_LLM_BASE_URL)")
-    p.add_argument("--model", default=None, help="model name (default: $PGR_LLM_MODEL)")
-    default = float(os.environ.get("PGR_LLM_TIMEOUT", str(timeout)))
-    p.add_argument("--llm-timeout", type=nonnegative_float, default=default)
+def _llm_options(p: argparse.ArgumentParser) -> None:
+    add_llm_options(p)
     p.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
 
 

@@ -28,6 +28,7 @@ __all__ = ["DIMENSIONS", "FacetProspector", "LLMProspector", "NoProspection", "P
 
 _MAX_STEP_CHARS = 300  # a step is one short sentence; a runaway one is cut before it reaches a prompt
 _MAX_DIMENSION_CHARS = 40
+_MAX_SUMMARY_CHARS = 2000  # a briefing, not a report: a longer reply is cut at a sentence boundary
 
 
 def quoted(text: str, limit: int | None = None) -> str:
@@ -42,6 +43,30 @@ def quoted(text: str, limit: int | None = None) -> str:
     if limit is not None and len(flat) > limit:
         flat = flat[:limit] + "…"
     return json.dumps(flat, ensure_ascii=False)
+
+
+_RECORD_TAG = re.compile(r"</?\s*record\b[^>]*(?:>|$)", re.IGNORECASE)  # a tag, or one cut off at the end
+_SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]]*(?=\s|$)")
+
+
+def tidy_summary(text: str, limit: int) -> str:
+    """A summary fit to show: the prompt's record markup taken out (a small model echoes
+    ``<record id="r3" ...>`` back), cut to ``limit`` characters at a sentence boundary, and a last
+    sentence the reply's token cap cut short dropped when a whole one comes before it.
+
+    >>> tidy_summary('Knee surgery in March matters. The records that matter are: <record id="', 200)
+    'Knee surgery in March matters.'
+    """
+    flat = " ".join(_RECORD_TAG.sub(" ", str(text)).split())
+    head = flat[:limit]
+    ends = [m.end() for m in _SENTENCE_END.finditer(head)]
+    if len(flat) <= limit and ends and ends[-1] == len(flat):
+        return flat  # whole, and it ends a sentence
+    if ends:
+        return head[: ends[-1]]
+    if len(flat) <= limit:
+        return flat
+    return head.rsplit(" ", 1)[0].rstrip(" ,;:") + "…"
 
 
 #: The prospection dimensions and the everyday words that signal each in a person's memories.
@@ -531,7 +556,7 @@ class LLMProspector(Prospector):
         reply = yield from ask_json(p, "summary", text, schema, SUMMARY_SCHEMA, 300 if not choose else 380)
         if choose:
             p.choice = reply.get("ids")
-        return str(reply.get("summary", "")).strip() or plain_summary(p)
+        return tidy_summary(str(reply.get("summary", "")), _MAX_SUMMARY_CHARS) or plain_summary(p)
 
     def _steps(self, reply: Mapping[str, Any], p: Prospection, known: Mapping[str, Step]) -> list[Step]:
         """Turn the reply into Steps with ids unique across rounds; keep the tree's links."""

@@ -301,9 +301,10 @@ def test_cli_ingest_cues_retrieve_and_build(tmp_path: Path, capsys: pytest.Captu
                     "--no-llm",
                 ]
             )
-            == 0
+            == 1
         )
-        assert json.loads(capsys.readouterr().out)["facts"] == []  # another user: nothing, cues included
+        out_, err = capsys.readouterr()  # another user: nothing, cues included, and told so
+        assert out_ == "" and "holds no facts for --user nobody" in err
         calls = server.count
         assert main(["cues", "build", "--store", str(out), "--json", "--no-progress", *common, *llm]) == 0
         built = json.loads(capsys.readouterr().out)["users"]["maya"]

@@ -76,9 +76,10 @@ def test_retrieve_on_a_saved_store(capsys: pytest.CaptureFixture[str], tmp_path:
     result = json.loads(capsys.readouterr().out)
     assert result["facts"] and all(f["scope"] == {"user_id": "maya"} for f in result["facts"])
     assert result["trace"]["prospector"] == "none" and result["trace"]["date"].startswith("2025-05-01")
-    # another user sees nothing of maya's
-    assert main([*args[:4], "--user", "someone-else", *args[6:]]) == 0
-    assert json.loads(capsys.readouterr().out)["facts"] == []
+    # another user sees nothing of maya's, and is told the store owns nothing of theirs
+    assert main([*args[:4], "--user", "someone-else", *args[6:]]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "holds no facts for --user someone-else" in err and "maya" not in out
 
 
 def test_errors_are_clean_messages(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -87,7 +88,7 @@ def test_errors_are_clean_messages(capsys: pytest.CaptureFixture[str], tmp_path:
     store = tmp_path / "s.pgr"
     _demo_json(capsys, "--embedder", "hashing", "--save-store", str(store), "--html", str(tmp_path / "t.html"))
     assert main(["retrieve", "q", "--store", str(store), "--embedder", "hashing"]) == 2
-    assert "Scope needs at least one" in capsys.readouterr().err
+    assert "--user is required" in capsys.readouterr().err
 
 
 def test_plugins_lists_the_builtin_store(capsys: pytest.CaptureFixture[str]) -> None:
@@ -201,7 +202,8 @@ def test_a_directory_store_from_the_demo_and_from_an_import_answers_as_the_file_
     for store in (tmp_path / "maya-dir", tmp_path / "imported"):
         got = _retrieve_json(capsys, store)
         assert [f["id"] for f in got["facts"]] == [f["id"] for f in from_file["facts"]]
-        assert _retrieve_json(capsys, store, user="someone-else")["facts"] == []
+        assert main(["retrieve", "q", "--store", str(store), "--user", "someone-else", "--embedder", "hashing"]) == 1
+        assert "holds no facts for --user someone-else" in capsys.readouterr().err
     # importing into a store that exists is refused, and the store is unchanged
     assert (
         main(
