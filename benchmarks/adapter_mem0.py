@@ -88,7 +88,7 @@ def make_facts(n: int, seed: int = 7) -> list[Fact]:
 
 
 def build_memory() -> Any:
-    from pgr_core.evaluation._mem0 import offline_memory
+    from pgr_adapters.mem0.evaluation import offline_memory
 
     return offline_memory("pgr_bench")
 

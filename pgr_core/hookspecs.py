@@ -33,3 +33,9 @@ def register_llms(register: Register) -> None:
 @hookspec
 def register_embedders(register: Register) -> None:
     """Called once when plugins load. Register embedder factories: ``factory(**options) -> Embedder``."""
+
+
+@hookspec
+def register_baselines(register: Register) -> None:
+    """Called once when plugins load. Register evaluation baselines (``pgr eval --methods <name>``):
+    ``factory(facts) -> search``, where ``search(question, scope, top_k) -> list[str]`` is fact ids, best first."""

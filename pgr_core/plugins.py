@@ -26,6 +26,7 @@ class Registry:
     stores: dict[str, Callable[..., Any]] = field(default_factory=dict)
     llms: dict[str, Callable[..., Any]] = field(default_factory=dict)
     embedders: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    baselines: dict[str, Callable[..., Any]] = field(default_factory=dict)  # evaluation baselines
     plugins: list[str] = field(default_factory=list)
     modules: dict[str, ModuleType] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # entry point -> why it did not load
@@ -51,6 +52,9 @@ class Registry:
 
     def embedder(self, name: str, **options: Any) -> Any:
         return self._make("embedder", self.embedders, name, options)
+
+    def baseline(self, name: str, **options: Any) -> Any:
+        return self._make("baseline", self.baselines, name, options)
 
     @staticmethod
     def _make(kind: str, table: dict[str, Callable[..., Any]], name: str, options: dict[str, Any]) -> Any:
@@ -109,4 +113,5 @@ def load(extra: Iterable[ModuleType] = (), *, entry_points: bool = True) -> Regi
     pm.hook.register_stores(register=into(registry.stores))
     pm.hook.register_llms(register=into(registry.llms))
     pm.hook.register_embedders(register=into(registry.embedders))
+    pm.hook.register_baselines(register=into(registry.baselines))
     return registry

@@ -1,14 +1,16 @@
-"""The ``mem0`` plugin: registers the ``mem0`` store factory. Imports only pgr_core.
+"""The ``mem0`` plugin: registers the ``mem0`` store factory and the ``mem0`` evaluation baseline.
+Imports only pgr_core.
 
 registry = pgr_core.plugins.load()
 store = registry.store("mem0", memory=my_memory)           # a mem0 Memory you built
 store = registry.store("mem0", config={...})               # or Memory.from_config(config)
+search = registry.baseline("mem0", facts=facts)            # mem0's own search (``pgr eval --methods mem0``)
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pgr_core.errors import ConfigurationError
@@ -47,3 +49,15 @@ def make_store(
 @hookimpl
 def register_stores(register: Register) -> None:
     register("mem0", make_store)
+
+
+def make_baseline(facts: Sequence[Any]) -> Callable[..., list[str]]:
+    """mem0's own search over an offline mem0 Memory holding ``facts`` (see ``evaluation.py``)."""
+    from .evaluation import mem0_baseline
+
+    return mem0_baseline(facts)
+
+
+@hookimpl
+def register_baselines(register: Register) -> None:
+    register("mem0", make_baseline)

@@ -10,7 +10,8 @@ direct hit brings its N neighbours either side, right after it, and they count i
 - ``query-fusion``: LlamaIndex's ``QueryFusionRetriever`` (the LLM writes 3 more queries, one retrieval
   per query, reciprocal-rank fusion), over a LlamaIndex retriever that searches the same pgr store.
 - ``mem0``: mem0's own ``search`` (top_k 20, its other defaults) on a mem0 ``Memory`` holding the same
-  facts (see ``_mem0.py``); no window (mem0 keeps no turn order).
+  facts: the ``mem0`` baseline the mem0 plugin registers (``pgr_adapters/mem0/evaluation.py``); no
+  window (mem0 keeps no turn order).
 - ``hyde``: LlamaIndex's ``HyDEQueryTransform`` writes a hypothetical answer; facts are ranked by the
   cosine to the mean of its embedding and the question's (LlamaIndex's own HyDE retrieval). For unit
   vectors that ranking equals the sum of the two cosines, which is what is computed from one store
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidArgumentError
-from ..llm import LLM, Completion, Message
+from ..llm import LLM, CallFlow, Completion, Request, WrappedLLM
 from ..policy import PGR
 from ..prospectors import FacetProspector, NoProspection
 from ..store import Store
@@ -65,14 +66,17 @@ def _reason(result: RetrievalResult) -> str | None:
     return f"degraded (stop: {result.trace.stop_reason})" if result.degraded else None
 
 
-class Meter(LLM):
+class Meter(WrappedLLM):
     """Counts what passes through to ``llm``: calls, tokens, and the seconds each call originally took."""
 
     def __init__(self, llm: LLM) -> None:
-        self.llm = llm
-        self.name = llm.name
-        self.model = getattr(llm, "model", llm.name)
+        super().__init__(llm)
         self.reset()
+
+    @property
+    def llm(self) -> LLM:
+        """The metered LLM (``inner``)."""
+        return self.inner
 
     def reset(self) -> None:
         self.calls = 0
@@ -89,17 +93,10 @@ class Meter(LLM):
         self.inside += time.perf_counter() - started
         return completion
 
-    def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        schema: Mapping[str, Any] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-    ) -> Completion:
+    def _call(self, request: Request) -> CallFlow:
         started = time.perf_counter()
         try:
-            completion = self.llm.complete(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
+            completion = yield request
         except Exception:
             self.calls += 1
             self.inside += time.perf_counter() - started
@@ -323,7 +320,10 @@ class QueryFusion(Method):
 
 
 class Mem0Search(Method):
-    """mem0's own search over a mem0 Memory holding the data set's facts (built on first use)."""
+    """mem0's own search over a mem0 Memory holding the data set's facts (built on first use).
+
+    The baseline comes from the plugin registry (the mem0 plugin registers it), so the core never
+    imports the adapter."""
 
     def __init__(self, store: Store, *, facts: Sequence[Any] | None, **kw: Any) -> None:
         super().__init__(store, **kw)
@@ -332,18 +332,14 @@ class Mem0Search(Method):
         if facts is None:
             raise InvalidArgumentError("the mem0 method needs the data set's facts (make_method(..., facts=...))")
         self.facts = facts
-        self.memory: Any = None
-        self.ids: dict[str, str] = {}
+        self.search: Any = None
 
     def _run(self, q: EvalQuestion, meter: Meter | None) -> MethodOutput:
-        if self.memory is None:
-            from ._mem0 import build_memory
+        if self.search is None:
+            from ..plugins import load
 
-            self.memory, self.ids = build_memory(self.facts)
-        answer = self.memory.search(q.question, filters=q.scope.as_dict(), top_k=self.top_k)
-        results = answer.get("results", []) if isinstance(answer, Mapping) else answer
-        ids = [self.ids[str(r["id"])] for r in results if str(r.get("id")) in self.ids]
-        return MethodOutput(ids, store_calls=1)
+            self.search = load().baseline("mem0", facts=self.facts)
+        return MethodOutput(list(self.search(q.question, q.scope, self.top_k)), store_calls=1)
 
 
 def parse_method(name: str) -> tuple[str, int]:
