@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidArgumentError
-from ..llm import LLM, CallFlow, Completion, Request, WrappedLLM
+from ..llm import LLM, Completion, Message
 from ..policy import PGR
 from ..prospectors import FacetProspector, NoProspection
 from ..store import Store
@@ -66,17 +66,14 @@ def _reason(result: RetrievalResult) -> str | None:
     return f"degraded (stop: {result.trace.stop_reason})" if result.degraded else None
 
 
-class Meter(WrappedLLM):
+class Meter(LLM):
     """Counts what passes through to ``llm``: calls, tokens, and the seconds each call originally took."""
 
     def __init__(self, llm: LLM) -> None:
-        super().__init__(llm)
+        self.llm = llm
+        self.name = llm.name
+        self.model = getattr(llm, "model", llm.name)
         self.reset()
-
-    @property
-    def llm(self) -> LLM:
-        """The metered LLM (``inner``)."""
-        return self.inner
 
     def reset(self) -> None:
         self.calls = 0
@@ -93,10 +90,17 @@ class Meter(WrappedLLM):
         self.inside += time.perf_counter() - started
         return completion
 
-    def _call(self, request: Request) -> CallFlow:
+    def complete(
+        self,
+        messages: Sequence[Message],
+        *,
+        schema: Mapping[str, Any] | None = None,
+        max_tokens: int = 512,
+        temperature: float = 0.0,
+    ) -> Completion:
         started = time.perf_counter()
         try:
-            completion = yield request
+            completion = self.llm.complete(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
         except Exception:
             self.calls += 1
             self.inside += time.perf_counter() - started
