@@ -146,7 +146,7 @@ def _print_demo_query(item: Any, out: TextIO) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
-    from .report import write_trace_page
+    from .trace_page import write_trace_page
 
     llm = _llm(args)
     if llm is None:
@@ -259,7 +259,7 @@ def _retrieve(args: argparse.Namespace, store: Any, llm: LLM | None) -> int:
         else pgr.retrieve(args.query, scope=scope, date=args.date)
     )
     if args.html:
-        from .report import write_trace_page
+        from .trace_page import write_trace_page
 
         baseline = pgr.query_only(args.query, scope=scope, date=args.date)
         item = {"query": args.query, "date": args.date, "query_only": baseline.to_dict(), "pgr": result.to_dict()}

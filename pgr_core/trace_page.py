@@ -1,7 +1,7 @@
 """One self-contained HTML page showing what prospection did for a set of queries.
 
 >>> from pgr_core import PGR, HashingEmbedder, InMemoryStore, Scope
->>> from pgr_core.report import write_trace_page
+>>> from pgr_core.trace_page import write_trace_page
 >>> store, s = InMemoryStore(embedder=HashingEmbedder()), Scope(user_id="u1")
 >>> store.add("I twisted my knee playing football in March", scope=s, date="2025-03-10", id="f12")
 'f12'
