@@ -11,7 +11,11 @@ told how to scope it, in one of three ways:
 - a ``VectorStoreIndex`` or ``VectorIndexRetriever``: every search gets ``MetadataFilters`` with one
   ``ExactMatchFilter`` per field the caller's scope sets (``user_id``, ``agent_id``, ``run_id``
   metadata keys), ANDed with the retriever's own filters. Nodes lacking a key the scope sets never
-  match, and a user-only scope sees that user's agent and run nodes too, as in mem0.
+  match, and a user-only scope sees that user's agent and run nodes too, as in mem0. The store samples
+  the index's nodes at construction: when none names an owner under those keys (they keep it as
+  ``owner``, or name none), it raises :class:`~pgr_core.errors.ConfigurationError` naming the metadata
+  keys seen, rather than search the index empty for every user (``scope_keys={"user_id": "owner"}``, or
+  one of the two ways below).
 - ``scope_filter=lambda scope: retriever``: you build a retriever that only sees ``scope``'s data
   (a per-user index, a filtered retriever, a tenant-scoped client).
 - ``single_tenant_scope=Scope(...)``: the explicit opt-out, meaning "this retriever holds only this
@@ -57,6 +61,7 @@ logger = logging.getLogger(__name__)
 
 ScopeFilter = Callable[[Scope], BaseRetriever]
 _SCOPE_FIELDS = ("user_id", "agent_id", "run_id")
+_SAMPLE = 32  # nodes read at construction to check they name their owner (as QdrantStore samples points)
 _NeighbourWalk = Generator[list[str], dict[str, BaseNode], dict[str, list[BaseNode]]]
 
 
@@ -113,7 +118,12 @@ class RetrieverStore(Store):
 
     Options:
 
-    - ``scope_keys``: metadata key per scope field, default ``{"user_id": "user_id", ...}``.
+    - ``scope_keys``: metadata key per scope field, default ``{"user_id": "user_id", ...}``. Scoped by
+      metadata filters, the store reads up to 32 of the index's nodes from its docstore at construction
+      and refuses (:class:`ConfigurationError`, naming the keys seen) an index none of whose sampled
+      nodes carries one of these keys; when only some do, the others are nobody's and a warning says how
+      many. An empty index, or one whose vector store keeps the nodes (nothing cheap to sample), is
+      not checked.
     - ``retriever_kwargs``: passed to ``index.as_retriever`` when a ``VectorStoreIndex`` is given.
     - ``embedder``: a pgr embedder for probe hygiene (duplicate and echo detection); without one,
       pgr compares probes by their words.
@@ -203,6 +213,8 @@ class RetrieverStore(Store):
         self.id_lookups = 0  # docstore look-ups made by get_many, one per call
         self.out_of_scope_dropped = 0  # nodes the belt refused (their metadata names another owner)
         self.embed_batches = 0  # batch_embed: get_text_embedding_batch calls made, one per round
+        if self.scoping == "metadata_filters":
+            self._check_owner_keys()
 
     def __repr__(self) -> str:
         return f"RetrieverStore({type(self.retriever).__name__}, scoping={self.scoping!r})"
@@ -292,7 +304,8 @@ class RetrieverStore(Store):
             return _with_top_k(built, top_k)
         if self.scoping == "single_tenant":
             self._check_tenant(scope)
-            assert isinstance(self.retriever, BaseRetriever)
+            if isinstance(self.retriever, VectorStoreIndex):
+                return self.retriever.as_retriever(similarity_top_k=top_k, **self.retriever_kwargs)
             return _with_top_k(self.retriever, top_k)
         filters = self._scope_filters(scope)
         if isinstance(self.retriever, VectorStoreIndex):
@@ -302,6 +315,41 @@ class RetrieverStore(Store):
         scoped._similarity_top_k = top_k
         scoped._filters = _and(self.retriever._filters, filters)
         return scoped
+
+    def _check_owner_keys(self) -> None:
+        """Refuse an index none of whose sampled nodes names an owner under ``scope_keys``: filtered by
+        them, every search would come back empty, for every user. Nodes without one are nobody's."""
+        nodes = self._sample_nodes()
+        if not nodes:
+            return
+        keys = list(dict.fromkeys(self.scope_keys.values()))
+        unowned = sum(1 for n in nodes if all((n.metadata or {}).get(k) is None for k in keys))
+        seen = sorted({k for n in nodes for k in (n.metadata or {})})
+        if unowned == len(nodes):
+            raise ConfigurationError(
+                f"none of the {len(nodes)} sampled nodes of this index names an owner under the metadata keys "
+                f"pgr filters on {keys}, so every search would come back empty; their metadata keys are {seen}. "
+                f'Map the key that holds the owner, e.g. scope_keys={{"user_id": "{_owner_key_guess(seen)}"}}, '
+                "or, if the index holds one tenant's data only, pass single_tenant_scope=Scope(user_id=...) "
+                "(or scope_filter=lambda scope: <a retriever over that scope's data only>)"
+            )
+        if unowned:
+            logger.warning(
+                "%d of %d sampled nodes carry none of the owner metadata keys %s: no scope sees them",
+                unowned,
+                len(nodes),
+                keys,
+            )
+
+    def _sample_nodes(self) -> list[BaseNode]:
+        """Up to :data:`_SAMPLE` of the index's nodes, read from its docstore by id."""
+        if self._index is None or self.docstore is None:
+            return []
+        try:
+            ids = list(dict.fromkeys(self._index.index_struct.nodes_dict.values()))[:_SAMPLE]
+            return [n for n in self.docstore.get_nodes(ids, raise_error=False) if n] if ids else []
+        except Exception as exc:
+            raise StoreError(f"reading a sample of the index's nodes failed: {exc}") from exc
 
     def _check_tenant(self, scope: Scope) -> None:
         """A single-tenant store answers for its one scope only (ScopeError for any other)."""
@@ -614,6 +662,14 @@ def _and(existing: MetadataFilters | None, scope: MetadataFilters) -> MetadataFi
     if existing.condition in (None, FilterCondition.AND):
         return MetadataFilters(filters=[*existing.filters, *scope.filters], condition=FilterCondition.AND)
     return MetadataFilters(filters=[existing, *scope.filters], condition=FilterCondition.AND)
+
+
+def _owner_key_guess(seen: Sequence[str]) -> str:
+    """The metadata key most likely to hold the owner, for the refusal's example; a placeholder if none."""
+    for key in seen:
+        if any(word in key.lower() for word in ("owner", "user", "tenant", "account")):
+            return key
+    return "<the key holding the user id>"
 
 
 def _date(value: Any) -> datetime | None:

@@ -19,10 +19,13 @@ Payload layout read (and written by :meth:`QdrantStore.upsert_facts`)::
     type, fact_id                   the fact's type; its pgr id when that is not the point id
     anything else                   Fact.metadata
 
-Owners. Every request filters on the caller's scope, and every point that comes back is checked again:
-it is returned only when each owner field it carries is a plain, non-blank string and they are the
-caller's (Qdrant's keyword match matches a list by any element, so a point with ``user_id: ["alice",
-"bob"]`` answers both). Any other point is dropped, counted in ``out_of_scope_dropped`` and logged;
+Owners. The sampled points must name an owner under a mapped key: a collection whose points keep it
+under another key (``owner``) is refused at wrap time, naming the keys seen, rather than searched empty
+for every user; pass ``scope_fields={"user_id": "owner"}``, or ``single_tenant_scope=`` for a collection
+that holds one tenant's data. Every request filters on the caller's scope, and every point that comes
+back is checked again: it is returned only when each owner field it carries is a plain, non-blank
+string and they are the caller's (Qdrant's keyword match matches a list by any element, so a point with
+``user_id: ["alice", "bob"]`` answers both). Any other point is dropped, counted in ``out_of_scope_dropped`` and logged;
 the rest of the search goes on. A fact id names one owner's point: :meth:`QdrantStore.upsert_facts`
 refuses an id whose point another owner holds, and leaves that point as it was.
 
@@ -121,6 +124,13 @@ class QdrantStore(Store):
       in a sample of points). :class:`ConfigurationError` says what was tried when that fails.
     - ``scope_fields``: pgr scope field -> payload key (default: the same names). A scope that sets
       a field with no key mapped raises :class:`ScopeError`; pgr never searches with a looser filter.
+      When none of the sampled points carries any of these keys, :class:`ConfigurationError` names the
+      keys they do carry (pass ``scope_fields={"user_id": "owner"}``); when only some do, the others are
+      nobody's (a search never returns them) and a warning says how many.
+    - ``single_tenant_scope``: ``Scope(...)`` for a collection that holds one tenant's data only, whose
+      points need name no owner: searches for exactly that scope run without an owner filter (a point
+      naming another owner is still dropped), any other scope raises :class:`ScopeError`, and writes
+      must be that scope's.
     - ``session_key`` / ``position_key``: payload keys placing a turn in its session. ``window``:
       ``None`` detects them in the sampled points; ``True`` / ``False`` declares it.
     - ``date_keys``: payload keys tried, in order, for the fact's date.
@@ -170,6 +180,7 @@ class QdrantStore(Store):
         date_keys: Sequence[str] = ("date", "created_at"),
         window: bool | None = None,
         sparse_vector: str | None = None,
+        single_tenant_scope: Scope | Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(client, QdrantClient | AsyncQdrantClient):
             raise ConfigurationError(
@@ -183,6 +194,7 @@ class QdrantStore(Store):
         self.collection = collection
         self.embedder = embedder
         self.scope_fields = _check_scope_fields(scope_fields)
+        self.single_tenant_scope = Scope.coerce(single_tenant_scope) if single_tenant_scope is not None else None
         self.session_key = session_key
         self.position_key = position_key
         self.date_keys = tuple(date_keys)
@@ -258,6 +270,7 @@ class QdrantStore(Store):
         payloads = [r.payload or {} for r in records]
         seen = tuple(sorted({k for p in payloads for k in p}))
         text_key = self._pick_text_key(payloads, seen)
+        self._check_owner_keys(payloads, seen, text_key)
         if self._declared_window is not None:
             window = self._declared_window
         else:
@@ -322,6 +335,30 @@ class QdrantStore(Store):
             f"{[*TEXT_KEYS, NODE_CONTENT + ' (LlamaIndex JSON)']} on {len(payloads)} sampled points, whose "
             f"keys are {list(seen)}; pass text_key=..."
         )
+
+    def _check_owner_keys(self, payloads: list[dict[str, Any]], seen: tuple[str, ...], text_key: str | None) -> None:
+        """Refuse a collection none of whose sampled points names an owner under a mapped key: every
+        search of it would come back empty, for every user. Points without one are nobody's."""
+        if not payloads or self.single_tenant_scope is not None:
+            return  # nothing to sample yet, or the whole collection is the one tenant's
+        keys = list(dict.fromkeys(self.scope_fields.values()))
+        unowned = sum(1 for p in payloads if all(p.get(k) is None for k in keys))
+        if unowned == len(payloads):
+            raise ConfigurationError(
+                f"none of the {len(payloads)} sampled points of collection {self.collection!r} names an owner "
+                f"under the payload keys this store filters on {keys}, so every search would come back empty; "
+                f"their keys are {list(seen)}. Map the key that holds the owner, e.g. "
+                f'scope_fields={{"user_id": "{_owner_key_guess(seen, text_key)}"}}, or, if the collection '
+                "holds one tenant's data only, pass single_tenant_scope=Scope(user_id=...)"
+            )
+        if unowned:
+            logger.warning(
+                "%d of %d sampled points of collection %r carry none of the owner keys %s: no scope sees them",
+                unowned,
+                len(payloads),
+                self.collection,
+                keys,
+            )
 
     def _set_layout(self, layout: CollectionLayout) -> CollectionLayout:
         self._layout = layout
@@ -500,9 +537,20 @@ class QdrantStore(Store):
         return validate_probes(probes), scope, self.scope_conditions(scope)
 
     def scope_conditions(self, scope: Scope) -> list[qm.Condition]:
-        """The payload conditions every request carries: one ``MatchValue`` per set scope field.
+        """The payload conditions every request carries: one ``MatchValue`` per set scope field (none
+        under ``single_tenant_scope``, whose whole collection is that scope's).
 
-        Raises :class:`ScopeError` when the scope sets a field that no payload key is mapped to."""
+        Raises :class:`ScopeError` when the scope sets a field that no payload key is mapped to, or is
+        not the single tenant's."""
+        tenant = self.single_tenant_scope
+        if tenant is not None:
+            if scope != tenant:
+                raise ScopeError(
+                    f"this QdrantStore holds only the data of {tenant.as_dict()} (single_tenant_scope); it "
+                    f"cannot answer for {scope.as_dict()}. To serve several scopes, wrap the collection without "
+                    "single_tenant_scope, with scope_fields naming its owner keys"
+                )
+            return []
         conditions: list[qm.Condition] = []
         for field, value in scope.as_dict().items():
             key = self.scope_fields.get(field)
@@ -588,9 +636,16 @@ class QdrantStore(Store):
     def owner_of(self, payload: Mapping[str, Any]) -> Scope | None:
         """The owner a point names: its scope fields, each a plain string (a blank one names nothing).
         ``None`` when it names none, or names one ambiguously (a list, a number, a mapping: Qdrant's
-        keyword match matches a list by any element, so such a point would answer to several owners)."""
-        owner = owner_fields(payload, self.scope_fields)
+        keyword match matches a list by any element, so such a point would answer to several owners).
+        Under ``single_tenant_scope`` the fields a point leaves out are the tenant's."""
+        owner = self._owner_fields(payload)
         return Scope(**owner) if owner else None
+
+    def _owner_fields(self, payload: Mapping[str, Any]) -> dict[str, str] | None:
+        owner = owner_fields(payload, self.scope_fields)
+        if owner is not None and self.single_tenant_scope is not None:
+            owner = {**self.single_tenant_scope.as_dict(), **owner}  # the collection vouches for the rest
+        return owner
 
     def _visible(self, points: Sequence[Any], scope: Scope) -> list[Any]:
         """The points ``scope`` may see; the others are dropped, counted and logged, never an error."""
@@ -671,6 +726,8 @@ class QdrantStore(Store):
         text_key = self.layout.text_key or "text"
         # plain strings only: a search has already dropped any point whose owner is not (owner_of)
         owner = {f: v for f, k in self.scope_fields.items() if isinstance(v := payload.get(k), str) and v.strip()}
+        if self.single_tenant_scope is not None:
+            owner = {**self.single_tenant_scope.as_dict(), **owner}
         used = {text_key, FACT_ID_KEY, UPDATED_AT_KEY, TYPE_KEY, self.session_key, self.position_key}
         used.update(self.scope_fields.values(), self.date_keys, _LLAMA_BOOKKEEPING)
         session = payload.get(self.session_key)
@@ -775,13 +832,18 @@ class QdrantStore(Store):
 
     def _by_owner(
         self, batch: list[Fact], points: list[qm.PointStruct]
-    ) -> list[tuple[qm.Filter, list[qm.PointStruct]]]:
+    ) -> list[tuple[qm.Filter | None, list[qm.PointStruct]]]:
         """The batch's points per owner, each with the filter an existing point must pass to be replaced:
-        the scope fields that owner sets (a point of another user or agent is never replaced)."""
+        the scope fields that owner sets (a point of another user or agent is never replaced). None under
+        ``single_tenant_scope``: the one owner's points need no filter."""
         groups: dict[Scope, list[qm.PointStruct]] = {}
         for fact, point in zip(batch, points, strict=True):
             groups.setdefault(fact.scope, []).append(point)
-        return [(qm.Filter(must=list(self.scope_conditions(owner))), group) for owner, group in groups.items()]
+        guarded = []
+        for owner, group in groups.items():
+            conditions = self.scope_conditions(owner)
+            guarded.append((qm.Filter(must=list(conditions)) if conditions else None, group))
+        return guarded
 
     def _check_facts(self, facts: Sequence[Fact]) -> list[Fact]:
         batch = list(facts)
@@ -830,7 +892,8 @@ class QdrantStore(Store):
         for fact, vector in zip(batch, vectors, strict=True):
             payload: dict[str, Any] = {text_key: fact.text, FACT_ID_KEY: fact.id}
             for field, value in fact.scope.as_dict().items():
-                payload[self.scope_fields[field]] = value
+                if field in self.scope_fields:  # a single tenant's field may have no key: it is implied
+                    payload[self.scope_fields[field]] = value
             if fact.date is not None:
                 payload[self.date_keys[0] if self.date_keys else "date"] = fact.date.isoformat()
             if fact.updated_at is not None:
@@ -1100,6 +1163,14 @@ def _check_scope_fields(scope_fields: Mapping[str, str] | None) -> dict[str, str
         if not isinstance(key, str) or not key:
             raise ConfigurationError(f"scope_fields[{field!r}] must be a payload key, got {key!r}")
     return fields
+
+
+def _owner_key_guess(seen: Sequence[str], text_key: str | None) -> str:
+    """The sampled key most likely to hold the owner, for the refusal's example; a placeholder if none."""
+    for key in seen:
+        if key != text_key and any(word in key.lower() for word in ("owner", "user", "tenant", "account")):
+            return key
+    return "<the key holding the user id>"
 
 
 def _text_of(payload: Mapping[str, Any], key: str) -> str | None:

@@ -557,6 +557,82 @@ def test_scope_keys_map_scope_fields_to_other_metadata_keys(embed_model: MiniLME
         RetrieverStore(VectorStoreIndex([], embed_model=embed_model), scope_keys={"tenant": "owner"})
 
 
+# ---------------------------------------------------------------------- RetrieverStore: owners its nodes must name
+
+OWNED = [
+    ("m1", "alice", "Mine: the knee physio appointment is on Monday"),
+    ("m2", "alice", "Mine: I sold the car and take the bus"),
+    ("t1", "bob", "Theirs: the knee surgery is booked for Friday"),
+]
+EVERY_TEXT = " ".join(t for _, _, t in OWNED)  # a probe near every node, so a search returns all it may
+
+
+def _owned_index(embed_model: MiniLMEmbedding, key: str | None) -> VectorStoreIndex:
+    """The application's index: each node's owner under ``key`` (None: nodes name no owner)."""
+    nodes = [TextNode(id_=i, text=t, metadata={key: u} if key else {"source": "chat"}) for i, u, t in OWNED]
+    return VectorStoreIndex(nodes, embed_model=embed_model)
+
+
+def test_nodes_keeping_the_owner_under_another_key_are_refused_at_construction(embed_model: MiniLMEmbedding) -> None:
+    index = _owned_index(embed_model, "owner")
+    for given in (index, index.as_retriever()):
+        with pytest.raises(ConfigurationError) as refused:
+            RetrieverStore(given)
+        message = str(refused.value)
+        assert "their metadata keys are ['owner']" in message
+        assert "['user_id', 'agent_id', 'run_id']" in message
+        assert 'scope_keys={"user_id": "owner"}' in message and "single_tenant_scope=" in message
+    with pytest.raises(ConfigurationError, match="scope_keys="):  # through the retriever that wraps one
+        ProspectionRetriever(index, scope=ALICE, strategy="facet")
+
+    store = RetrieverStore(index, scope_keys={"user_id": "owner"})
+    params = SearchParams(top_k=5, min_score=0.0)
+    for scope, user in ((ALICE, "alice"), (BOB, "bob")):
+        hits = store._checked_search([EVERY_TEXT], scope, params)[0]
+        assert sorted(h.fact.id for h in hits) == [i for i, u, _ in OWNED if u == user]
+        assert all(h.fact.scope == scope for h in hits)
+    assert store.out_of_scope_dropped == 0
+
+
+def test_an_index_whose_nodes_name_no_owner_serves_its_single_tenant_only(embed_model: MiniLMEmbedding) -> None:
+    index = _owned_index(embed_model, None)
+    with pytest.raises(ConfigurationError, match=r"their metadata keys are \['source'\].*single_tenant_scope="):
+        RetrieverStore(index)
+    store = RetrieverStore(index, single_tenant_scope=ALICE, cosine_scores=True)
+    params = SearchParams(top_k=5, min_score=0.0)
+    hits = store._checked_search([EVERY_TEXT], ALICE, params)[0]
+    assert sorted(h.fact.id for h in hits) == ["m1", "m2", "t1"]  # every node is the tenant's
+    assert all(h.fact.scope == ALICE for h in hits)
+    again = asyncio.run(store._achecked_search([EVERY_TEXT], ALICE, params))[0]
+    assert [h.fact for h in again] == [h.fact for h in hits]
+    assert {f.id for f in store.facts_for(ALICE)} == {"m1", "m2", "t1"}
+    with pytest.raises(ScopeError, match="single_tenant_scope"):
+        store._checked_search(["knee"], BOB, params)
+
+
+def test_an_empty_index_still_wraps(embed_model: MiniLMEmbedding) -> None:
+    index = VectorStoreIndex([], embed_model=embed_model)
+    store = RetrieverStore(index)
+    assert store._checked_search(["knee"], ALICE, SearchParams(min_score=0.0)) == [[]]
+    index.insert_nodes([TextNode(id_="k", text="My knee physio is on Monday", metadata={"user_id": "alice"})])
+    hits = store._checked_search(["knee physio"], ALICE, SearchParams(min_score=0.0))[0]
+    assert [h.fact.id for h in hits] == ["k"]
+
+
+def test_nodes_of_which_only_some_name_an_owner_wrap_with_a_warning(
+    embed_model: MiniLMEmbedding, caplog: pytest.LogCaptureFixture
+) -> None:
+    nodes = [
+        TextNode(id_="a", text="My knee physio is on Monday", metadata={"user_id": "alice"}),
+        TextNode(id_="n", text="A knee note nobody owns"),
+    ]
+    with caplog.at_level("WARNING", logger="pgr_adapters.llamaindex.store"):
+        store = RetrieverStore(VectorStoreIndex(nodes, embed_model=embed_model))
+    assert "1 of 2 sampled nodes" in caplog.text and "no scope sees them" in caplog.text
+    hits = store._checked_search(["knee note"], ALICE, SearchParams(top_k=5, min_score=0.0))[0]
+    assert [h.fact.id for h in hits] == ["a"]
+
+
 # ---------------------------------------------------------------------- RetrieverStore: Θ, calls, window
 
 

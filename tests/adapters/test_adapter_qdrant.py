@@ -611,6 +611,169 @@ def test_an_embedder_of_another_size_is_refused(embedder):
         QdrantStore(client, "memories", embedder=HashingEmbedder(256))
 
 
+# ====================================================================== owners the sampled points must name
+
+
+def _owner_keyed(client, name: str, rows, *, owner_key: str | None = "owner") -> HashingEmbedder:
+    """A collection others filled: text under ``text``, the owner under ``owner_key`` (None: no owner)."""
+    embedder = HashingEmbedder(HASH_DIM)
+    dense = qm.VectorParams(size=HASH_DIM, distance=qm.Distance.COSINE)
+    points = [
+        qm.PointStruct(
+            id=i + 1,
+            vector=vector.tolist(),
+            payload={"text": text, **({owner_key: user} if owner_key and user else {})},
+        )
+        for i, ((user, text), vector) in enumerate(zip(rows, embedder.embed([t for _, t in rows]), strict=True))
+    ]
+    if isinstance(client, QdrantClient):
+        client.create_collection(name, vectors_config=dense)
+        if points:
+            client.upsert(name, points=points)
+    else:
+        asyncio.run(client.create_collection(name, vectors_config=dense))
+        if points:
+            asyncio.run(client.upsert(name, points=points))
+    return embedder
+
+
+OWNED_ROWS = [
+    ("alice", "alice's knee physio is on Mondays"),
+    ("alice", "alice sold the car and takes the bus"),
+    ("bob", "bob's knee is fine and he runs marathons"),
+    ("bob", "bob drives a van to work"),
+]
+EVERY_WORD = " ".join(t for _, t in OWNED_ROWS)  # a probe near every row, so a search returns all it may
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_points_keeping_the_owner_under_another_key_are_refused_at_wrap_time_then_mapped(kind):
+    client = QdrantClient(":memory:") if kind == "sync" else AsyncQdrantClient(":memory:")
+    embedder = _owner_keyed(client, "notes", OWNED_ROWS)
+    with pytest.raises(ConfigurationError) as refused:
+        QdrantStore(client, "notes", embedder=embedder)
+    message = str(refused.value)
+    assert "['owner', 'text']" in message  # the keys the sampled points carry
+    assert "['user_id', 'agent_id', 'run_id']" in message  # the keys it looked for
+    assert 'scope_fields={"user_id": "owner"}' in message and "single_tenant_scope=" in message
+
+    store = QdrantStore(client, "notes", embedder=embedder, scope_fields={"user_id": "owner"})
+    params = SearchParams(top_k=10, min_score=0.0)
+    for scope, user in ((ALICE, "alice"), (BOB, "bob")):
+        if kind == "sync":
+            (hits,) = store.search_batch([EVERY_WORD], scope=scope, params=params)
+        else:
+            (hits,) = asyncio.run(store.asearch_batch([EVERY_WORD], scope=scope, params=params))
+        assert sorted(h.fact.text for h in hits) == sorted(t for u, t in OWNED_ROWS if u == user)
+        assert all(h.fact.scope == scope for h in hits)
+    assert store.out_of_scope_dropped == 0  # the filter did the work: nothing of the other user came back
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_single_tenant_collection_without_owner_keys_answers_its_scope_only(kind):
+    client = QdrantClient(":memory:") if kind == "sync" else AsyncQdrantClient(":memory:")
+    rows = [(None, "alice's knee physio is on Mondays"), (None, "alice sold the car and takes the bus")]
+    embedder = _owner_keyed(client, "mine", rows, owner_key=None)
+    with pytest.raises(ConfigurationError, match="single_tenant_scope=") as refused:
+        QdrantStore(client, "mine", embedder=embedder)
+    assert "their keys are ['text']" in str(refused.value)
+
+    store = QdrantStore(client, "mine", embedder=embedder, single_tenant_scope={"user_id": "alice"})
+    assert store.single_tenant_scope == ALICE
+    params = SearchParams(top_k=5, min_score=0.0)
+    if kind == "sync":
+        batches = _spy(client, "query_batch_points")
+        (hits,) = store.search_batch([EVERY_WORD], scope=ALICE, params=params)
+        assert batches[0][1]["requests"][0].filter.must == []  # the whole collection is alice's
+    else:
+        (hits,) = asyncio.run(store.asearch_batch([EVERY_WORD], scope=ALICE, params=params))
+    assert sorted(h.fact.text for h in hits) == sorted(t for _, t in rows)
+    assert all(h.fact.scope == ALICE for h in hits)
+    assert [f.text for f in store.facts_for(ALICE)] == [t for _, t in rows]
+    for other in (BOB, Scope(user_id="alice", agent_id="planner")):
+        with pytest.raises(ScopeError, match="single_tenant_scope"):
+            store.search_batch(["knee"], scope=other, params=params)
+        with pytest.raises(ScopeError, match="single_tenant_scope"):
+            store.facts_for(other)
+        with pytest.raises(ScopeError):
+            store.upsert_facts([Fact(id="x", text="another tenant's note", scope=other)])
+
+    # alice's writes go in and come back; a point another writer left naming bob is still dropped
+    assert store.upsert_facts([Fact(id="new", text="the physio moved to Tuesdays", scope=ALICE)]) == ["new"]
+    stray = qm.PointStruct(id=77, vector=embedder.embed(["physio Tuesdays"])[0].tolist(),
+                           payload={"text": "bob's physio is on Tuesdays", "user_id": "bob"})  # fmt: skip
+    if kind == "sync":
+        client.upsert("mine", points=[stray])
+    else:
+        asyncio.run(client.upsert("mine", points=[stray]))
+    (hits,) = store.search_batch(["physio Tuesdays"], scope=ALICE, params=params)
+    texts = [h.fact.text for h in hits]
+    assert "the physio moved to Tuesdays" in texts and "bob's physio is on Tuesdays" not in texts
+    assert store.out_of_scope_dropped == 1
+    assert set(store.get_many(["new", "77"], scope=ALICE)) == {"new"}
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_empty_collection_still_wraps_and_then_takes_writes(kind):
+    client = QdrantClient(":memory:") if kind == "sync" else AsyncQdrantClient(":memory:")
+    _owner_keyed(client, "empty", [])
+    store = QdrantStore(client, "empty", embedder=HashingEmbedder(HASH_DIM))
+    assert store.layout.text_key is None and store.layout.keys_seen == ()
+    assert store.search_batch(["knee"], scope=ALICE, params=SearchParams()) == [[]]
+    store.upsert_facts([Fact(id="k", text="my knee physio is on Mondays", scope=ALICE)])
+    (hits,) = store.search_batch(["knee physio"], scope=ALICE, params=SearchParams(top_k=3, min_score=0.0))
+    assert [h.fact.id for h in hits] == ["k"]
+    assert QdrantStore(client, "empty", embedder=HashingEmbedder(HASH_DIM)).layout.text_key == "text"  # rewrapped
+
+
+def test_points_of_which_only_some_name_an_owner_wrap_with_a_warning_and_stay_nobodys(caplog):
+    client = QdrantClient(":memory:")
+    rows = [("alice", "alice's knee physio is on Mondays"), (None, "a knee note nobody owns")]
+    embedder = _owner_keyed(client, "mixed", rows, owner_key="user_id")
+    with caplog.at_level("WARNING", logger="pgr_adapters.qdrant.store"):
+        store = QdrantStore(client, "mixed", embedder=embedder)
+    assert "1 of 2 sampled points" in caplog.text and "no scope sees them" in caplog.text
+    (hits,) = store.search_batch(["knee note"], scope=ALICE, params=SearchParams(top_k=5, min_score=0.0))
+    assert [h.fact.text for h in hits] == ["alice's knee physio is on Mondays"]
+
+
+def test_an_owner_key_map_that_misses_the_collections_key_is_refused_too():
+    client = QdrantClient(":memory:")
+    embedder = _owner_keyed(client, "memories", OWNED_ROWS, owner_key="user_id")
+    assert QdrantStore(client, "memories", embedder=embedder).layout.text_key == "text"  # mem0's key: fine
+    with pytest.raises(ConfigurationError, match=r"\['tenant'\].*\['text', 'user_id'\]") as refused:
+        QdrantStore(client, "memories", embedder=embedder, scope_fields={"user_id": "tenant"})
+    assert 'scope_fields={"user_id": "user_id"}' in str(refused.value)
+
+
+README_LAYOUT_EXAMPLE = """\
+# points that keep the text under "body" and the owner under "owner"
+store = QdrantStore(client, "notes", embedder=MiniLMEmbedder(), text_key="body", scope_fields={"user_id": "owner"})
+# one user's memories, whose points name no owner
+solo = QdrantStore(client, "my_notes", embedder=MiniLMEmbedder(), single_tenant_scope=Scope(user_id="alice"))
+"""
+
+
+def test_readme_layout_example_wraps_collections_of_other_layouts(embedder):
+    client = QdrantClient(":memory:")
+    dense = qm.VectorParams(size=DIM, distance=qm.Distance.COSINE)
+    notes = [{"body": t, "owner": u} for u, t in OWNED_ROWS]
+    my_notes = [{"text": t} for _, t in OWNED_ROWS[:2]]  # the text key is found; no owner named
+    for name, payloads in (("notes", notes), ("my_notes", my_notes)):
+        client.create_collection(name, vectors_config=dense)
+        vectors = embedder.embed([p.get("body") or p["text"] for p in payloads])
+        client.upsert(name, points=[qm.PointStruct(id=i, vector=v.tolist(), payload=p)
+                                    for i, (v, p) in enumerate(zip(vectors, payloads, strict=True))])  # fmt: skip
+    imports = "\n".join(README_EXAMPLE.splitlines()[:3])
+    namespace: dict = {"client": client}
+    exec(compile(imports + "\n" + README_LAYOUT_EXAMPLE, "README.md", "exec"), namespace)
+    params = SearchParams(top_k=5, min_score=0.0)
+    (hits,) = namespace["store"].search_batch(["knee"], scope=BOB, params=params)
+    assert sorted(h.fact.text for h in hits) == sorted(t for u, t in OWNED_ROWS if u == "bob")
+    (hits,) = namespace["solo"].search_batch(["knee"], scope=ALICE, params=params)
+    assert sorted(h.fact.text for h in hits) == sorted(t for _, t in OWNED_ROWS[:2])
+
+
 # ====================================================================== the README example
 
 
