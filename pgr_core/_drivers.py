@@ -1,6 +1,7 @@
 """The two drivers of a flow (see :mod:`pgr_core._effects`): one performs its effects with blocking
-calls, one with awaitable calls, so the sync and async APIs share one flow. They also keep the call's
-budget (:mod:`pgr_core._budget`) and bill every LLM call to the trace."""
+calls, one with awaitable calls, so the sync and async APIs share one flow. What they share is written
+once (:meth:`Drivers._steps`): they keep the call's budget (:mod:`pgr_core._budget`), bill every LLM call
+to the trace and report every effect (:mod:`pgr_core.telemetry`); each driver only performs the effects."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +24,11 @@ from .types import Budget
 if TYPE_CHECKING:
     from .config import PGRConfig
     from .store import Store
+    from .telemetry import Telemetry
 
 __all__ = ["Drivers"]
+
+Outcome = tuple[Any, BaseException | None]  # an effect's result, or the exception it raised
 
 _ABANDONED = "no answer in the {seconds:.3g}s the deadline left; the call was abandoned"
 
@@ -35,53 +39,69 @@ class Drivers:
     store: Store
     llm: LLM | None
     config: PGRConfig
+    telemetry: Telemetry  # spans, metrics and progress lines of every effect (pgr_core.telemetry)
 
     def _drive(self, flow: Flow, meter: Meter | None = None) -> Any:
         """Run a flow with blocking calls (its embeddings counted, and cached or not, as configured)."""
         meter = meter or Meter(Budget())
-        to_send: Any = None
-        to_throw: BaseException | None = None
+        run = _Run(self._steps(flow, meter))
         with counting_embeddings(use_cache=self.config.embedding_cache):
-            while True:
-                try:
-                    effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
-                except StopIteration as stop:
-                    return stop.value
-                to_send, to_throw = None, None
-                try:
-                    if isinstance(effect, Search):
-                        to_send = self.store._checked_search(effect.probes, effect.scope, effect.params)
-                    else:
-                        meter.admit(effect)
-                        with self._billing(effect) as box:
-                            box.append(self._ask(effect, meter.time_left()))
-                        to_send = box[0]
-                except (LLMError, StoreError, BudgetStop) as exc:
-                    to_throw = meter.explain(exc, effect)
+            effect = run.resume()
+            while effect is not None:
+                effect = run.resume(*_outcome(self._perform, effect, meter))
+        return run.value
 
     async def _adrive(self, flow: Flow, meter: Meter | None = None) -> Any:
         """Run a flow with awaitable calls. The embedding count lives in this task's context, and worker
         threads of ``asyncio.to_thread`` inherit it, so concurrent calls never mix their counts."""
         meter = meter or Meter(Budget())
+        run = _Run(self._steps(flow, meter))
+        with counting_embeddings(use_cache=self.config.embedding_cache):
+            effect = run.resume()
+            while effect is not None:
+                effect = run.resume(*await _aoutcome(self._aperform(effect, meter)))
+        return run.value
+
+    def _steps(self, flow: Flow, meter: Meter) -> Flow:
+        """The loop both drivers run, written once: step the flow; hold each LLM call to the budget, bill
+        it and watch it (span, metrics, progress line); yield the effect for the driver to perform, and
+        send its result back into the flow, or throw in the failure that the flow handles."""
+        watch = self.telemetry.watch(self.store, self.llm)
         to_send: Any = None
         to_throw: BaseException | None = None
-        with counting_embeddings(use_cache=self.config.embedding_cache):
-            while True:
-                try:
-                    effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
-                except StopIteration as stop:
-                    return stop.value
-                to_send, to_throw = None, None
-                try:
-                    if isinstance(effect, Search):
-                        to_send = await self.store._achecked_search(effect.probes, effect.scope, effect.params)
-                    else:
-                        meter.admit(effect)
-                        with self._billing(effect) as box:
-                            box.append(await self._aask(effect, meter.time_left()))
-                        to_send = box[0]
-                except (LLMError, StoreError, BudgetStop) as exc:
-                    to_throw = meter.explain(exc, effect)
+        while True:
+            try:
+                effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                watch.moved_on()  # the flow has folded the last round's hits in: its Δ is known
+            to_send, to_throw = None, None
+            try:
+                if isinstance(effect, Search):
+                    with watch.search(effect) as seen:
+                        seen.value = yield effect
+                    to_send = seen.value
+                else:
+                    meter.admit(effect)
+                    with watch.ask(effect) as seen, self._billing(effect) as box:
+                        box.append((yield effect))
+                        seen.value = box[0]
+                    to_send = box[0]
+            except (LLMError, StoreError, BudgetStop) as exc:
+                to_throw = meter.explain(exc, effect)
+
+    def _perform(self, effect: Search | Ask, meter: Meter) -> Any:
+        """One effect with a blocking call."""
+        if isinstance(effect, Search):
+            return self.store._checked_search(effect.probes, effect.scope, effect.params)
+        return self._ask(effect, meter.time_left())
+
+    async def _aperform(self, effect: Search | Ask, meter: Meter) -> Any:
+        """One effect with an awaited call."""
+        if isinstance(effect, Search):
+            return await self.store._achecked_search(effect.probes, effect.scope, effect.params)
+        return await self._aask(effect, meter.time_left())
 
     def _ask(self, effect: Ask, time_left: float | None) -> Completion:
         """One blocking LLM call, bounded by the time the deadline leaves (None: unbounded)."""
@@ -138,6 +158,39 @@ class Drivers:
             spent.completion_tokens = completion.usage.completion_tokens
         effect.trace.usage.add(spent)
         effect.trace.usage_by_phase.setdefault(effect.phase, Usage()).add(spent)
+
+
+class _Run:
+    """A flow being driven (through :meth:`Drivers._steps`): :meth:`resume` hands it the last effect's
+    outcome and returns the next effect, or None once the flow has returned ``value``."""
+
+    def __init__(self, steps: Flow) -> None:
+        self._steps = steps
+        self.value: Any = None
+
+    def resume(self, result: Any = None, failure: BaseException | None = None) -> Search | Ask | None:
+        try:
+            return self._steps.throw(failure) if failure is not None else self._steps.send(result)
+        except StopIteration as stop:
+            self.value = stop.value
+            return None
+
+
+def _outcome(perform: Callable[[Search | Ask, Meter], Any], effect: Search | Ask, meter: Meter) -> Outcome:
+    """(result, None) or (None, the exception): every failure goes back into the flow's steps, which
+    handle what they know and close their spans on the rest before it propagates."""
+    try:
+        return perform(effect, meter), None
+    except BaseException as exc:
+        return None, exc
+
+
+async def _aoutcome(call: Awaitable[Any]) -> Outcome:
+    """:func:`_outcome` of an awaited call (a cancellation is handed back too, and re-raised there)."""
+    try:
+        return await call, None
+    except BaseException as exc:
+        return None, exc
 
 
 def _completion(value: object, llm: LLM, effect: Ask) -> Completion:

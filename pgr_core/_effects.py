@@ -2,7 +2,7 @@
 
 The policy and the prospectors are written as generators that ``yield`` these effects and receive
 their results, so one flow serves both the sync and the async API (no duplicated logic): the driver
-in :mod:`pgr_core.policy` performs each effect with blocking or awaitable calls.
+in :mod:`pgr_core._drivers` performs each effect with blocking or awaitable calls.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .trace import Trace
+from .trace import Round, Trace
 from .types import Scope, SearchParams
 
 
@@ -22,6 +22,7 @@ class Search:
     probes: Sequence[str]
     params: SearchParams
     scope: Scope  # every store call carries the caller's scope
+    round: Round | None = None  # the trace round it serves: telemetry reads its phase, index and Δ
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ prospecting and keeps what it has.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -50,6 +50,7 @@ from .prospectors import (
 from .ranking import choose, fused_order, llm_order, shared_order
 from .savings import Savings, cut_hits
 from .store import Store
+from .telemetry import Telemetry
 from .trace import Answer, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
 from .types import Budget, Hit, Scope, SearchParams
 
@@ -112,6 +113,19 @@ class PGR(Savings, Drivers):
     an LLM and ``"none"`` without: the facet prospector found less than the query alone at an equal
     number of facts on MQ-lite (see benchmarks/RESULTS.md), so it is opt-in. Keyword arguments that name
     :class:`PGRConfig` fields override its defaults.
+
+    Watching a call (docs/observability.md):
+
+    - ``progress``: called with one short line before each LLM call and after each store round, e.g.
+      ``"query augmentation: waiting for the LLM (call 1)"`` or ``"personalisation round 1: 3 probes,
+      5 new facts"``, so a CLI can show what a slow local model is doing. One that raises is logged and
+      the call goes on.
+    - OpenTelemetry (``pip install 'pgr[otel]'``; nothing is made without it): a span per call, per LLM
+      call and per store round, and the GenAI token and duration histograms, through
+      ``tracer_provider`` / ``meter_provider`` (None: the global ones).
+    - ``record_content``: put the query, probes, facts, prompts, replies and scope values on the spans.
+      They are personal data, so they are left off unless this is True or
+      ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` is set.
     """
 
     def __init__(
@@ -122,6 +136,10 @@ class PGR(Savings, Drivers):
         *,
         config: PGRConfig | None = None,
         embedder: Embedder | None = None,
+        progress: Callable[[str], object] | None = None,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        record_content: bool = False,
         **overrides: Any,
     ) -> None:
         if not isinstance(store, Store):
@@ -140,6 +158,12 @@ class PGR(Savings, Drivers):
             )
         self.store = store
         self.llm = llm
+        self.telemetry = Telemetry(
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            record_content=record_content,
+            progress=progress,
+        )
         self.prospector = _strategy_prospector(strategy, llm)
         self.strategy = getattr(self.prospector, "strategy", self.prospector.name)
         # Hygiene compares probes by embedding: the store's own embedder when it has one, behind a cache
@@ -183,8 +207,9 @@ class PGR(Savings, Drivers):
         ``budget`` caps this call's LLM calls, tokens and time (see :class:`Budget`); when a cap is
         reached the result holds what was found so far and ``trace.budget_hit`` names the cap.
         """
-        meter = self._meter(budget)
-        return self._drive(self._retrieve_flow(*self._check(query, scope, date), meter), meter)
+        with self.telemetry.root("retrieve", str(self.strategy)) as root:
+            meter = self._meter(budget)
+            return root.finish(self._drive(self._retrieve_flow(*self._check(query, scope, date), meter), meter))
 
     async def aretrieve(
         self,
@@ -195,8 +220,10 @@ class PGR(Savings, Drivers):
         budget: BudgetArg = None,
     ) -> RetrievalResult:
         """Async twin of :meth:`retrieve`."""
-        meter = self._meter(budget)
-        return await self._adrive(self._retrieve_flow(*self._check(query, scope, date), meter), meter)
+        with self.telemetry.root("retrieve", str(self.strategy)) as root:
+            meter = self._meter(budget)
+            flow = self._retrieve_flow(*self._check(query, scope, date), meter)
+            return root.finish(await self._adrive(flow, meter))
 
     def query_only(
         self,
@@ -211,7 +238,8 @@ class PGR(Savings, Drivers):
 
         With a window, neighbours count toward K: the top hits and their neighbours fill the budget.
         """
-        return self._drive(self._query_only_flow(*self._check(query, scope, date), top_k, window))
+        with self.telemetry.root("query_only", "query-only") as root:
+            return root.finish(self._drive(self._query_only_flow(*self._check(query, scope, date), top_k, window)))
 
     async def aquery_only(
         self,
@@ -223,7 +251,9 @@ class PGR(Savings, Drivers):
         window: int | None = None,
     ) -> RetrievalResult:
         """Async twin of :meth:`query_only`."""
-        return await self._adrive(self._query_only_flow(*self._check(query, scope, date), top_k, window))
+        with self.telemetry.root("query_only", "query-only") as root:
+            flow = self._query_only_flow(*self._check(query, scope, date), top_k, window)
+            return root.finish(await self._adrive(flow))
 
     def answer(
         self,
@@ -238,8 +268,10 @@ class PGR(Savings, Drivers):
         Under a ``budget``, retrieval leaves one LLM call and the answer's 500 completion tokens for the
         answer; when even that does not fit, ``text`` is empty and the answer is ``degraded``.
         """
-        meter = self._meter(budget)
-        return self._drive(self._answer_flow(*self._check(query, scope, date, needs_llm=True), meter), meter)
+        with self.telemetry.root("answer", str(self.strategy)) as root:
+            meter = self._meter(budget)
+            flow = self._answer_flow(*self._check(query, scope, date, needs_llm=True), meter)
+            return root.finish(self._drive(flow, meter))
 
     async def aanswer(
         self,
@@ -250,8 +282,10 @@ class PGR(Savings, Drivers):
         budget: BudgetArg = None,
     ) -> Answer:
         """Async twin of :meth:`answer`."""
-        meter = self._meter(budget)
-        return await self._adrive(self._answer_flow(*self._check(query, scope, date, needs_llm=True), meter), meter)
+        with self.telemetry.root("answer", str(self.strategy)) as root:
+            meter = self._meter(budget)
+            flow = self._answer_flow(*self._check(query, scope, date, needs_llm=True), meter)
+            return root.finish(await self._adrive(flow, meter))
 
     # ================================================================== argument checks
 
@@ -576,7 +610,7 @@ class PGR(Savings, Drivers):
         rnd.store_calls += 1
         try:
             with self._embeds(p.trace, rnd.phase):  # the store's own embedding of the probes
-                hit_lists: list[list[Hit]] = yield Search([pr.text for pr in probes], params, p.scope)
+                hit_lists: list[list[Hit]] = yield Search([pr.text for pr in probes], params, p.scope, rnd)
         finally:  # a failed call is billed too
             seconds = time.perf_counter() - t0
             rnd.search_seconds += seconds
