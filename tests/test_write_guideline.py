@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from pgr_core.write.induction import (
     evaluate,
     induce,
     judge,
+    rollout,
 )
 
 PREFEVAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "prefeval"
@@ -73,17 +75,39 @@ GOOD = {e.question: e.answer for e in EXAMPLES}
 BETTER = "KEEP EVERY STATED PREFERENCE, word for word.\nTypes:\n{types}\n"
 
 
-def scripted_world(edits: list[str]) -> ScriptedLLM:
-    """A stand-in LLM whose extraction keeps preferences only under the improved guideline, and whose
-    answerer picks the right option only when the memory holds the preference."""
+@dataclass
+class SamplingLLM(ScriptedLLM):
+    """A ScriptedLLM whose handler can see the temperature of the call it answers."""
+
+    temperature: float = 0.0
+
+    def complete(self, messages: Any, *, schema: Any = None, max_tokens: int = 512, temperature: float = 0.0) -> Any:
+        self.temperature = temperature
+        return super().complete(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
+
+
+def scripted_world(
+    edits: list[str],
+    *,
+    explores: Callable[[str, int], bool] = lambda said, n: True,
+    critic: Callable[[str], Any] | None = None,
+) -> SamplingLLM:
+    """A stand-in LLM whose extraction keeps preferences under the improved guideline, or in a sampled
+    rollout when ``explores(said, n)`` (n counts the sampled writes of that statement, from 1), and
+    whose answerer picks the right option only when the memory holds the preference."""
+    sampled: dict[str, int] = {}
 
     def handler(messages: Sequence[Mapping[str, str]], schema: Any) -> Any:
         prompt = messages[0]["content"]
         if prompt.startswith("You keep a long-term memory"):
-            if "KEEP EVERY STATED PREFERENCE" not in prompt:
-                return {"facts": []}
             said = re.search(r"<conversation>\nuser: (.*)\n", prompt).group(1)  # type: ignore[union-attr]
-            return {"facts": [{"text": f"The user said: {said}", "type": "Preference"}]}
+            if "KEEP EVERY STATED PREFERENCE" in prompt:
+                return {"facts": [{"text": f"The user said: {said}", "type": "Preference"}]}
+            if llm.temperature > 0:
+                n = sampled[said] = sampled.get(said, 0) + 1
+                if explores(said, n):
+                    return {"facts": [{"text": f"The user said: {said} (sampled write {n})", "type": "Preference"}]}
+            return {"facts": []}
         if "Which of these replies suits this user best" in prompt:
             question = re.search(r'The user asks: "(.*)"', prompt).group(1)  # type: ignore[union-attr]
             options = re.findall(r"^([A-Z])\. (.*)$", prompt, re.MULTILINE)
@@ -91,6 +115,8 @@ def scripted_world(edits: list[str]) -> ScriptedLLM:
             bad = next(letter for letter, text in options if text != GOOD[question])
             return {"answer": good if "The user said" in prompt else bad}
         if prompt.startswith("You improve the guideline"):
+            if critic is not None:
+                return critic(prompt)
             return {"critique": "The writer dropped the user's stated preference; keep such statements."}
         if prompt.startswith("Several critiques"):
             return {"changes": ["Keep every preference the user states."]}
@@ -98,7 +124,12 @@ def scripted_world(edits: list[str]) -> ScriptedLLM:
             return {"guideline": edits.pop(0)}
         raise AssertionError(f"unexpected prompt: {prompt[:120]}")
 
-    return ScriptedLLM(handler=handler)
+    llm = SamplingLLM(handler=handler)
+    return llm
+
+
+def prompts(llm: ScriptedLLM, start: str) -> list[str]:
+    return [c.prompt for c in llm.calls if c.prompt.startswith(start)]
 
 
 def test_induction_keeps_the_best_guideline_and_records_every_step(tmp_path: Path) -> None:
@@ -113,8 +144,10 @@ def test_induction_keeps_the_best_guideline_and_records_every_step(tmp_path: Pat
     refused = [h for h in steps if h["step"] == 1 and h["version"] is None]
     assert len(refused) == 1 and "{types}" in refused[0]["reason"]  # the edit that lost {types} never ran
     kept = [h for h in steps if h["step"] == 1 and h["version"] == 1]
-    assert kept and kept[0]["accepted"] and kept[0]["val_score"] == 1.0 and kept[0]["train_score"] == 0.0
-    assert kept[0]["critiques"] and kept[0]["changes"] == ["Keep every preference the user states."]
+    # greedy rollouts kept nothing and went wrong; the sampled ones kept the preference and went right
+    assert kept and kept[0]["accepted"] and kept[0]["val_score"] == 1.0 and kept[0]["train_score"] == 0.5
+    assert len(kept[0]["critiques"]) == 2 and kept[0]["changes"] == ["Keep every preference the user states."]
+    assert kept[0]["no_correct_rollout"] == [] and kept[0]["outages"] == []
     last = steps[-1]
     assert last["step"] == 2 and not last["accepted"] and last["train_score"] == 1.0 and "no wrong" in last["reason"]
 
@@ -126,8 +159,8 @@ def test_induction_keeps_the_best_guideline_and_records_every_step(tmp_path: Pat
 
 
 def test_a_candidate_that_scores_no_better_is_not_kept(tmp_path: Path) -> None:
-    llm = scripted_world(["Be brief.\n{types}\n"])  # valid, but extraction still keeps nothing
-    result = induce(EXAMPLES[:2], EXAMPLES[2:], llm=llm, config=InductionConfig(steps=1, rollouts=1), out_dir=tmp_path)
+    llm = scripted_world(["Be brief.\n{types}\n"])  # valid, but greedy extraction still keeps nothing
+    result = induce(EXAMPLES[:2], EXAMPLES[2:], llm=llm, config=InductionConfig(steps=1, rollouts=2), out_dir=tmp_path)
     assert result.best.version == 0 and result.best_score == 0.0
     tried = result.history[-1]
     assert tried["version"] == 1 and tried["val_score"] == 0.0 and not tried["accepted"]
@@ -143,6 +176,92 @@ def test_the_critique_contrasts_a_right_run_with_a_wrong_one() -> None:
     assert "A run that went right:" in prompt and "The user avoids loud hotels." in prompt
     assert "A run that went wrong:" in prompt and "B. Vdara, a calm non-gaming hotel" in prompt
     assert "{types}" in prompt  # the critic sees S as it is, placeholders and all
+
+
+def test_every_wrong_rollout_is_contrasted_with_a_right_one_taken_in_turn() -> None:
+    # ex0, five rollouts: the greedy one and the sampled writes 1 and 3 keep nothing (wrong); writes 2 and 4 keep it
+    llm = scripted_world([BETTER], explores=lambda said, n: n in (2, 4))
+    config = InductionConfig(steps=1, batch_size=1, rollouts=5)
+    result = induce(EXAMPLES[:1], EXAMPLES[2:], llm=llm, config=config)
+
+    critic = prompts(llm, "You improve the guideline")
+    assert len(critic) == 3  # one per wrong rollout, not only the first
+    for prompt in critic:
+        wrong = prompt[prompt.index("A run that went wrong:") :]
+        assert "Memory written:\n  (nothing)" in wrong and "Answer given: A" in wrong
+    rights = [re.findall(r"sampled write (\d)", p[: p.index("A run that went wrong:")]) for p in critic]
+    assert rights == [["2"], ["4"], ["2"]]  # the right runs in turn
+    step = result.history[1]
+    assert len(step["critiques"]) == 3 and step["train_score"] == 0.4 and step["version"] == 1
+
+
+def test_an_example_without_a_right_rollout_makes_no_edit() -> None:
+    # only ex0's sampled write keeps its preference: ex1 went wrong every time and has nothing to contrast with
+    llm = scripted_world([BETTER], explores=lambda said, n: said == "I avoid hotels with loud nightlife.")
+    result = induce(EXAMPLES[:2], EXAMPLES[2:], llm=llm, config=InductionConfig(steps=1, batch_size=2, rollouts=2))
+    critic = prompts(llm, "You improve the guideline")
+    assert len(critic) == 1 and "I avoid hotels" in critic[0] and "vegetarian" not in critic[0]
+    step = result.history[1]
+    assert step["no_correct_rollout"] == ["ex1"] and len(step["critiques"]) == 1
+
+    nobody = scripted_world([BETTER], explores=lambda said, n: False)  # no example has a right rollout
+    result = induce(EXAMPLES[:2], EXAMPLES[2:], llm=nobody, config=InductionConfig(steps=1, batch_size=2, rollouts=2))
+    assert prompts(nobody, "You improve the guideline") == []
+    assert not any("Revise it to make these changes" in c.prompt for c in nobody.calls)  # no edit
+    step = result.history[1]
+    assert step["version"] == 0 and not step["accepted"] and sorted(step["no_correct_rollout"]) == ["ex0", "ex1"]
+    assert step["reason"] == "no example with a wrong rollout had a right one to contrast it with"
+
+
+def test_a_critic_outage_is_recorded_not_read_as_no_wrong_rollout(tmp_path: Path) -> None:
+    llm = scripted_world([BETTER], critic=lambda prompt: LLMConnectionError("critic down"))
+    config = InductionConfig(steps=1, batch_size=2, rollouts=2, seed=1)
+    result = induce(EXAMPLES[:2], EXAMPLES[2:], llm=llm, config=config, out_dir=tmp_path)
+    step = result.history[1]
+    assert sorted(step["outages"]) == [
+        "critic (ex0 rollout 1): LLMConnectionError: critic down",
+        "critic (ex1 rollout 1): LLMConnectionError: critic down",
+    ]
+    assert step["reason"].startswith("no usable critique: 2 outage(s)") and "no wrong" not in step["reason"]
+    assert step["critiques"] == [] and step["version"] == 0 and not step["accepted"]
+    assert not any("Revise it to make these changes" in c.prompt for c in llm.calls)
+    saved = json.loads((tmp_path / "history.json").read_text(encoding="utf-8"))
+    assert saved["steps"][1]["outages"] == step["outages"]
+
+
+FREE = [
+    TrainingExample(f"free{i}", (Session("s", "2025-01-06", [Turn("user", said)]),), question, gold)
+    for i, (said, question, gold) in enumerate(
+        [("I live in Leeds.", "Where do I live?", "Leeds"), ("My sister is Ana.", "Who is my sister?", "Ana")]
+    )
+]
+
+
+def test_a_judge_outage_leaves_rollouts_unjudged_and_is_recorded() -> None:
+    def handler(messages: Sequence[Mapping[str, str]], schema: Any) -> Any:
+        prompt = messages[0]["content"]
+        if prompt.startswith("You keep a long-term memory"):
+            return {"facts": []}
+        if prompt.startswith("You are a personal assistant"):
+            return {"answer": "I do not remember."}  # no gold in it: the LLM judge must decide
+        if prompt.startswith("You grade an assistant's reply"):
+            return LLMConnectionError("judge down")
+        raise AssertionError(f"unexpected prompt: {prompt[:120]}")
+
+    llm = ScriptedLLM(handler=handler)
+    trajectory = rollout(FREE[0], DEFAULT_GUIDELINE, llm)
+    assert not trajectory.judged and not trajectory.wrong and not trajectory.correct
+    assert trajectory.error == "LLMConnectionError: judge down" and trajectory.answer == "I do not remember."
+
+    result = induce(FREE[:1], FREE[1:], llm=llm, config=InductionConfig(steps=1, batch_size=1, rollouts=2))
+    start, step = result.history
+    assert start["outages"] == ["judge (validation free1): LLMConnectionError: judge down"]
+    assert step["outages"] == [
+        "judge (free0 rollout 1): LLMConnectionError: judge down",
+        "judge (free0 rollout 2): LLMConnectionError: judge down",
+    ]
+    assert step["reason"].startswith("no usable critique: 2 outage(s)") and "no wrong" not in step["reason"]
+    assert not any(c.prompt.startswith("You improve the guideline") for c in llm.calls)
 
 
 def test_llm_failures_make_wrong_rollouts_not_errors() -> None:
@@ -231,8 +350,8 @@ def test_pgr_guideline_induce_runs_end_to_end_over_http(tmp_path: Path, capsys: 
 
     def reply(request: Request) -> Any:
         prompt = request.body["messages"][0]["content"]
-        if prompt.startswith("You keep a long-term memory"):
-            kept = "KEEP EVERY STATED PREFERENCE" in prompt
+        if prompt.startswith("You keep a long-term memory"):  # the sampled rollout keeps it too: one went right
+            kept = "KEEP EVERY STATED PREFERENCE" in prompt or request.body.get("temperature", 0) > 0
             said = re.search(r"<conversation>\nuser: (.*)\n", prompt).group(1)  # type: ignore[union-attr]
             return ok(json.dumps({"facts": [{"text": f"The user said: {said}", "type": "Preference"}] if kept else []}))
         if "Which of these replies suits this user best" in prompt:
@@ -268,7 +387,7 @@ def test_pgr_guideline_induce_runs_end_to_end_over_http(tmp_path: Path, capsys: 
             "--batch",
             "2",
             "--rollouts",
-            "1",
+            "2",
             "--embedder",
             "hashing",
         ]
@@ -276,7 +395,7 @@ def test_pgr_guideline_induce_runs_end_to_end_over_http(tmp_path: Path, capsys: 
     printed = capsys.readouterr()[0]
     assert (
         "step 0: S v0 validation 0.000" in printed
-        and "step 1: S v1 validation 1.000 (train batch 0.000)  kept" in printed
+        and "step 1: S v1 validation 1.000 (train batch 0.500)  kept" in printed
     )
     assert f"best: S v1 (1.000) -> {out / 'best.md'}" in printed
     assert json.loads((out / "history.json").read_text())["best_version"] == 1

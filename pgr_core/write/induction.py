@@ -7,13 +7,16 @@ h(t) the example's sessions one by one, S the guideline. One induction step, in 
    question from it (query-only or PGR retrieval over the built memory, then an answer prompt),
    ``rollouts`` times (the first greedy, the others sampled);
 2. **judge**: multiple choice by the chosen letter; free answers by containment, else an LLM judge;
-3. **critique** (the textual gradient): for each example with a wrong rollout, contrast it with a
-   right one when there is one, and say what S should make the writer keep or phrase differently;
+3. **critique** (the textual gradient): contrast every wrong rollout of an example with a right one of
+   the same example and say what S should make the writer keep or phrase differently; an example with
+   no right rollout teaches nothing (there is nothing to contrast it with), so no edit comes from it;
 4. **aggregate** the batch's critiques into a few changes;
 5. **edit** S into ``candidates`` new versions; a version that lost a placeholder is refused;
 6. **select**: score each candidate on the held-out split and keep the best S seen so far.
 
-Every version is written to ``out_dir/S_vNNN.md`` and every step to ``out_dir/history.json``.
+Every version is written to ``out_dir/S_vNNN.md`` and every step to ``out_dir/history.json``. An
+outage of the judge or the critic (its LLM failed) is recorded in that step's ``outages``: it is
+neither a verdict on the rollout nor a reason to say there was nothing wrong.
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ from .guideline import DEFAULT_GUIDELINE, Guideline, GuidelineError
 from .ingest import Ingestor
 
 __all__ = [
+    "Contrast",
     "InductionConfig",
     "InductionResult",
     "Trajectory",
     "aggregate",
+    "contrast",
     "critique",
     "edit",
     "evaluate",
@@ -102,6 +107,11 @@ class Trajectory:
     correct: bool
     raw_fallback: bool = False
     error: str | None = None
+    judged: bool = True  # False when the judge's LLM failed: no verdict, so neither right nor wrong
+
+    @property
+    def wrong(self) -> bool:
+        return self.judged and not self.correct
 
     def describe(self, limit: int = 12) -> str:
         memory = "\n".join(f"  - {m}" for m in self.memory[:limit]) or "  (nothing)"
@@ -202,7 +212,8 @@ def _normal(text: str) -> str:
 
 def judge(example: TrainingExample, answer: str, llm: LLM | None) -> bool:
     """Multiple choice: the chosen letter is the gold one. Free answers: the gold is contained in the
-    answer (normalised), else the LLM judge decides (no judge: wrong)."""
+    answer (normalised), else the LLM judge decides (no judge: wrong). Raises LLMError when the judge's
+    LLM fails: an outage is no verdict."""
     if example.options:
         return chosen_letter(answer, len(example.options)) == example.gold_letter
     if _normal(example.answer) and _normal(example.answer) in _normal(answer):
@@ -210,12 +221,9 @@ def judge(example: TrainingExample, answer: str, llm: LLM | None) -> bool:
     if llm is None or not answer:
         return False
     content = render("write_judge", question=example.question, gold=example.answer, answer=answer)
-    try:
-        reply = parse_json(
-            llm.complete([{"role": "user", "content": content}], schema=JUDGE_SCHEMA, max_tokens=30).text, JUDGE_SCHEMA
-        )
-    except LLMError:
-        return False
+    reply = parse_json(
+        llm.complete([{"role": "user", "content": content}], schema=JUDGE_SCHEMA, max_tokens=30).text, JUDGE_SCHEMA
+    )
     return reply["correct"] is True
 
 
@@ -228,7 +236,8 @@ def rollout(
     embedder: Embedder | None = None,
     temperature: float = 0.0,
 ) -> Trajectory:
-    """Build the memory under S, answer from it, judge. LLM failures make a wrong trajectory, not an error."""
+    """Build the memory under S, answer from it, judge. LLM failures make a wrong trajectory, not an error,
+    except the judge's: that one leaves the trajectory unjudged (``judged=False``, the failure in ``error``)."""
     store, scope, fell_back = build_memory(
         example, guideline, llm, embedder or HashingEmbedder(), temperature=temperature, max_tokens=config.max_tokens
     )
@@ -240,8 +249,14 @@ def rollout(
         return Trajectory(
             example.id, guideline.version, memory, [], "", False, fell_back, f"{type(exc).__name__}: {exc}"
         )
-    correct = judge(example, answer, llm)
-    return Trajectory(example.id, guideline.version, memory, [_fact_line(f) for f in facts], answer, correct, fell_back)
+    retrieved = [_fact_line(f) for f in facts]
+    try:
+        correct = judge(example, answer, llm)
+    except LLMError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        version = guideline.version
+        return Trajectory(example.id, version, memory, retrieved, answer, False, fell_back, error, judged=False)
+    return Trajectory(example.id, guideline.version, memory, retrieved, answer, correct, fell_back)
 
 
 def evaluate(
@@ -266,27 +281,76 @@ def _gold_text(example: TrainingExample) -> str:
 
 
 def critique(
-    example: TrainingExample, guideline: Guideline, wrong: Trajectory, right: Trajectory | None, llm: LLM
+    example: TrainingExample, guideline: Guideline, wrong: Trajectory, right: Trajectory, llm: LLM
 ) -> str | None:
-    """The textual gradient of one example: what S should change so the wrong run would go right."""
+    """The textual gradient of one wrong run, contrasted with a right run of the same example: what S
+    should change so the wrong run would go right. None when the critic has nothing to say; raises
+    LLMError when the critic's LLM fails (:func:`induce` records it as an outage)."""
     question = example.question + (f"\nOptions:\n{example.options_block()}" if example.options else "")
     content = render(
         "write_critique",
         guideline=guideline.text.strip(),
         question=question,
         gold=_gold_text(example),
-        correct=f"A run that went right:\n{right.describe()}" if right else "No run went right.",
+        correct=f"A run that went right:\n{right.describe()}",
         wrong=f"A run that went wrong:\n{wrong.describe()}",
     )
-    try:
-        reply = parse_json(
-            llm.complete([{"role": "user", "content": content}], schema=CRITIQUE_SCHEMA, max_tokens=300).text,
-            CRITIQUE_SCHEMA,
-        )
-    except LLMError:
-        return None
+    reply = parse_json(
+        llm.complete([{"role": "user", "content": content}], schema=CRITIQUE_SCHEMA, max_tokens=300).text,
+        CRITIQUE_SCHEMA,
+    )
     text = " ".join(str(reply["critique"]).split())
     return text or None
+
+
+@dataclass
+class Contrast:
+    """What one batch's critique step produced: the critiques, the examples left out for having no right
+    rollout, and the judge and critic outages (each ``"<who> (<where>): <error>"``)."""
+
+    critiques: list[str] = field(default_factory=list)
+    no_correct_rollout: list[str] = field(default_factory=list)
+    outages: list[str] = field(default_factory=list)
+    wrong: int = 0  # wrong rollouts seen
+
+    def nothing_learned(self) -> str:
+        """Why no edit follows, when no critique came out (an outage is never "no wrong rollout")."""
+        if self.outages:
+            return f"no usable critique: {len(self.outages)} outage(s) of the judge or critic LLM (see outages)"
+        if self.no_correct_rollout:
+            return "no example with a wrong rollout had a right one to contrast it with"
+        if self.wrong:
+            return "the critic found nothing to change"
+        return "no wrong rollout on this batch"
+
+
+def _judge_outages(trajectories: Sequence[Trajectory], where: str) -> list[str]:
+    """The judge outages among ``trajectories`` (one rollout per example, e.g. the validation split's)."""
+    return [f"judge ({where} {t.example}): {t.error}" for t in trajectories if not t.judged]
+
+
+def contrast(runs: Sequence[tuple[TrainingExample, Sequence[Trajectory]]], guideline: Guideline, llm: LLM) -> Contrast:
+    """Critique every wrong rollout against a right rollout of the same example (taking the right ones
+    in turn); an example without a right rollout is left out, so no edit comes from it."""
+    out = Contrast()
+    for example, trajectories in runs:
+        numbered = list(enumerate(trajectories, 1))
+        out.outages += [f"judge ({example.id} rollout {r}): {t.error}" for r, t in numbered if not t.judged]
+        right = [t for _, t in numbered if t.judged and t.correct]
+        wrong = [(r, t) for r, t in numbered if t.wrong]
+        out.wrong += len(wrong)
+        if wrong and not right:
+            out.no_correct_rollout.append(example.id)
+            continue
+        for i, (r, t) in enumerate(wrong):
+            try:
+                text = critique(example, guideline, t, right[i % len(right)], llm)
+            except LLMError as exc:
+                out.outages.append(f"critic ({example.id} rollout {r}): {type(exc).__name__}: {exc}")
+                continue
+            if text:
+                out.critiques.append(text)
+    return out
 
 
 def aggregate(critiques: Sequence[str], llm: LLM) -> list[str]:
@@ -358,7 +422,7 @@ def induce(
     next_version = guideline.version + 1
 
     best = guideline
-    best_score, _ = evaluate(best, val, counted, config=config, embedder=embedder)
+    best_score, checked = evaluate(best, val, counted, config=config, embedder=embedder)
     versions = [best]
     history: list[dict[str, Any]] = [
         {
@@ -369,6 +433,7 @@ def induce(
             "train_score": None,
             "accepted": True,
             "reason": "the starting guideline",
+            "outages": _judge_outages(checked, "validation"),
             "llm_calls": counted.calls,
             "id": best.id,
         }
@@ -400,16 +465,16 @@ def induce(
             )
         trajectories = [t for _, ts in runs for t in ts]
         train_score = sum(t.correct for t in trajectories) / len(trajectories)
-        # 3. critique every example that had a wrong run, against a right one when there is one
-        critiques = []
-        for example, ts in runs:
-            wrong = next((t for t in ts if not t.correct), None)
-            if wrong is not None:
-                right = next((t for t in ts if t.correct), None)
-                text = critique(example, best, wrong, right, counted)
-                if text:
-                    critiques.append(text)
-        row: dict[str, Any] = {"step": step, "train_score": train_score, "critiques": critiques}
+        # 3. critique every wrong run against a right run of the same example
+        found = contrast(runs, best, counted)
+        critiques = found.critiques
+        row: dict[str, Any] = {
+            "step": step,
+            "train_score": train_score,
+            "critiques": critiques,
+            "no_correct_rollout": found.no_correct_rollout,
+            "outages": found.outages,
+        }
         if not critiques:
             history.append(
                 {
@@ -417,11 +482,11 @@ def induce(
                     "version": best.version,
                     "val_score": best_score,
                     "accepted": False,
-                    "reason": "no wrong rollout (or no usable critique) on this batch",
+                    "reason": found.nothing_learned(),
                     "llm_calls": counted.calls - calls_before,
                 }
             )
-            say(f"step {step}: nothing to learn from this batch (train {train_score:.3f})")
+            say(f"step {step}: nothing to learn from this batch (train {train_score:.3f}): {found.nothing_learned()}")
             _save(folder, best, history)
             continue
         # 4. aggregate, 5. edit
@@ -449,11 +514,12 @@ def induce(
             next_version += 1
             versions.append(candidate)
             # 6. score on the held-out split
-            score, _ = evaluate(candidate, val, counted, config=config, embedder=embedder)
+            score, checked = evaluate(candidate, val, counted, config=config, embedder=embedder)
             scored.append((score, candidate))
             history.append(
                 {
                     **row,
+                    "outages": row["outages"] + _judge_outages(checked, "validation"),
                     "version": candidate.version,
                     "parent": best.version,
                     "val_score": score,
