@@ -73,7 +73,25 @@ def _pgr(store: Any, llm: LLM | None, args: argparse.Namespace, no_llm_strategy:
         if args.strategy_given:
             _say(f"note: strategy {args.strategy!r} needs an LLM")
         strategy = no_llm_strategy
-    return PGR(store, llm=llm, strategy=strategy, window=args.window, max_facts=args.max_facts)
+    return PGR(
+        store,
+        llm=llm,
+        strategy=strategy,
+        window=args.window,
+        max_facts=args.max_facts,
+        progress=_progress() if llm is not None else None,
+    )
+
+
+def _progress() -> Any:
+    """Progress lines on stderr while an LLM works (a CPU model takes a minute a call): what is being
+    waited for, and the time since the command started."""
+    start = time.perf_counter()
+
+    def say(line: str) -> None:
+        _say(f"  [{time.perf_counter() - start:5.0f}s] {line}")
+
+    return say
 
 
 # --------------------------------------------------------------------------- rendering
@@ -243,7 +261,7 @@ def _scope_of(args: argparse.Namespace, store: Any, pgr: Any) -> Any:
             f"--user is required: whose memories to search in {args.store}" + (f" ({note})" if note else "")
         )
     scope = Scope(user_id=args.user, agent_id=args.agent, run_id=args.run)
-    if not pgr.query_only(args.query, scope=scope, top_k=1).facts:  # one search: owns the scope anything?
+    if not type(pgr)(store).query_only(args.query, scope=scope, top_k=1).facts:  # one search: owns it anything?
         who = " ".join(f"--{k.split('_')[0]} {v}" for k, v in scope.as_dict().items())
         note = _users_note(store)
         raise NoFactsError(f"{args.store} holds no facts for {who}" + (f"; {note}" if note else ""))

@@ -46,6 +46,7 @@ from .prospectors import (
     Prospector,
     plain_summary,
     quoted,
+    tidy_summary,
 )
 from .ranking import choose, fused_order, llm_order, shared_order
 from .savings import Savings, cut_hits
@@ -495,7 +496,7 @@ class PGR(Savings, Drivers):
                 p.trace.hit_budget(stop.reason, stop.phase)
                 return self._without_choice(p, f"no summary call ({stop.reason})")
             self._take_choice(p)
-        return str(summary).strip()[:_MAX_SUMMARY_CHARS] or plain_summary(p)
+        return tidy_summary(str(summary), _MAX_SUMMARY_CHARS) or plain_summary(p)
 
     @staticmethod
     def _without_choice(p: Prospection, why: str) -> str:

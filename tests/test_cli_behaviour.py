@@ -4,6 +4,8 @@ a sentence ends (issue 13, "A CLI that behaves")."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import signal
 from pathlib import Path
@@ -30,7 +32,8 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     where = tmp_path_factory.mktemp("demo")
     store = where / "maya.pgr"
     argv = ["demo", "--embedder", "hashing", "--no-llm", "--save-store", str(store), "--html", str(where / "t.html")]
-    assert main([*argv, "--json"]) == 0
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main([*argv, "--json"]) == 0
     return store
 
 
@@ -241,3 +244,23 @@ def test_the_retrieval_result_carries_the_tidied_summary() -> None:
     result = pgr.retrieve("Should I join a soccer league?", scope=Scope(user_id="u"))
     assert not result.degraded and llm.calls[-1].schema and "summary" in json.dumps(llm.calls[-1].schema)
     assert result.summary == "Mind the knee surgery before you sign up."
+
+
+def test_retrieve_with_an_llm_prints_progress_per_call_and_round(
+    demo_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from loopback_llm import sane_reply
+
+    with LoopbackLLM() as server:
+        server.default = sane_reply
+        llm = ["--base-url", server.base_url, "--model", "m", "--strategy", "cot", "--user", "maya", "--json"]
+        assert main(_retrieve(demo_store, *llm)) == 0
+        calls = server.count
+    out, err = capsys.readouterr()
+    assert json.loads(out)["facts"]
+    waits = [line for line in err.splitlines() if "waiting for the LLM" in line]
+    assert len(waits) == calls and "query augmentation: waiting for the LLM (call 1)" in waits[0]
+    assert all(line.startswith("  [") and "s] " in line for line in waits)
+    assert any("initial prospection: 1 probe, 20 new facts" in line for line in err.splitlines())
+    assert main(_retrieve(demo_store, "--no-llm", "--user", "maya", "--json")) == 0
+    assert "waiting for the LLM" not in capsys.readouterr().err  # no LLM, nothing to wait for
