@@ -18,9 +18,9 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 from .errors import (
     ConfigurationError,
@@ -38,9 +38,14 @@ __all__ = [
     "MAX_REPLY_BYTES",
     "MAX_REPLY_CHARS",
     "MAX_USAGE_TOKENS",
+    "CallFlow",
+    "CallOptions",
     "Completion",
     "OpenAICompatible",
+    "Request",
+    "Sleep",
     "Usage",
+    "WrappedLLM",
     "estimate_tokens",
     "llm_from_env",
     "parse_json",
@@ -48,6 +53,7 @@ __all__ = [
 ]
 
 Message = Mapping[str, str]
+Schema = Mapping[str, Any] | None  # a JSON schema of an object, or None for free text
 
 
 def estimate_tokens(text: str) -> int:
@@ -129,16 +135,11 @@ class LLM(ABC):
     """
 
     name: str = "llm"
-    accepts_timeout: ClassVar[bool] = False
+    accepts_timeout: bool = False  # a class attribute; a wrapper sets it per instance, from what it wraps
 
     @abstractmethod
     def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        schema: Mapping[str, Any] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
+        self, messages: Sequence[Message], *, schema: Schema = None, max_tokens: int = 512, temperature: float = 0.0
     ) -> Completion:
         """Return the model's reply to ``messages``.
 
@@ -147,16 +148,172 @@ class LLM(ABC):
         """
 
     async def acomplete(
-        self,
-        messages: Sequence[Message],
-        *,
-        schema: Mapping[str, Any] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
+        self, messages: Sequence[Message], *, schema: Schema = None, max_tokens: int = 512, temperature: float = 0.0
     ) -> Completion:
         return await asyncio.to_thread(
             self.complete, messages, schema=schema, max_tokens=max_tokens, temperature=temperature
         )
+
+
+# --------------------------------------------------------------------------- one call, written once
+
+
+class CallOptions(TypedDict, total=False):
+    """The keyword arguments of a call, past ``messages`` (each described in :class:`Request`)."""
+
+    schema: Schema
+    max_tokens: int
+    temperature: float
+    timeout: float | None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One call to a model, as a :data:`CallFlow` hands it on."""
+
+    messages: Sequence[Message]
+    schema: Schema = None  # the reply must be JSON matching it (None: free text)
+    max_tokens: int = 512
+    temperature: float = 0.0
+    timeout: float | None = None  # seconds for the whole call (None: unbounded)
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Wait ``seconds``: ``time.sleep`` under :meth:`~LLM.complete`, ``asyncio.sleep`` under
+    :meth:`~LLM.acomplete`."""
+
+    seconds: float
+
+
+CallFlow = Generator[Any, Any, Completion]
+"""One call written once for both APIs: a generator that yields effects (something to send, a
+:class:`Sleep`), receives what each came to (an error is raised at the ``yield`` that asked for it)
+and returns the caller's completion."""
+
+
+class _Steps:
+    """A flow taken one effect at a time: iterating gives its effects; what each came to is handed back
+    through ``result`` or ``error`` before the next one; ``value`` is what the flow returned."""
+
+    def __init__(self, flow: CallFlow) -> None:
+        self._flow = flow
+        self.result: Any = None
+        self.error: Exception | None = None
+        self.value: Any = None
+
+    def __iter__(self) -> _Steps:
+        return self
+
+    def __next__(self) -> Any:
+        result, error = self.result, self.error
+        self.result, self.error = None, None
+        try:
+            return self._flow.throw(error) if error is not None else self._flow.send(result)
+        except StopIteration as stop:
+            self.value = stop.value
+            raise
+
+
+class _FlowLLM(LLM):
+    """An LLM whose call is one :data:`CallFlow` (:meth:`_call`), driven with blocking calls by
+    :meth:`complete` and with awaited ones by :meth:`acomplete`: the two never copy each other.
+    A subclass writes the flow and the two ways of sending what it yields (:meth:`_send`,
+    :meth:`_asend`); a :class:`Sleep` is performed here."""
+
+    def complete(self, messages: Sequence[Message], **options: Unpack[CallOptions]) -> Completion:
+        steps = _Steps(self._call(Request(messages, **options)))
+        for effect in steps:
+            try:
+                steps.result = self._perform(effect)
+            except Exception as exc:  # raised inside the flow, where it asked
+                steps.error = exc
+        return steps.value
+
+    async def acomplete(self, messages: Sequence[Message], **options: Unpack[CallOptions]) -> Completion:
+        steps = _Steps(self._call(Request(messages, **options)))
+        for effect in steps:
+            try:
+                steps.result = await self._aperform(effect)
+            except Exception as exc:  # raised inside the flow, where it asked
+                steps.error = exc
+        return steps.value
+
+    def _perform(self, effect: Any) -> Any:
+        if isinstance(effect, Sleep):
+            time.sleep(effect.seconds)
+            return None
+        return self._send(effect)
+
+    async def _aperform(self, effect: Any) -> Any:
+        if isinstance(effect, Sleep):
+            await asyncio.sleep(effect.seconds)
+            return None
+        return await self._asend(effect)
+
+    @abstractmethod
+    def _call(self, request: Request) -> CallFlow:
+        """The call, written once: yields what to send (and any :class:`Sleep`), returns the completion."""
+
+    @abstractmethod
+    def _send(self, effect: Any) -> Any:
+        """Send what the flow yielded, blocking; return the answer."""
+
+    @abstractmethod
+    async def _asend(self, effect: Any) -> Any:
+        """Send what the flow yielded, awaiting; return the answer."""
+
+
+class WrappedLLM(_FlowLLM):
+    """An LLM that hands each call on to another model, ``inner``, with something done around it:
+    caching replies, counting calls, injecting faults, adapting another framework's model.
+
+    A subclass overrides one method, :meth:`_call`, a generator that serves :meth:`complete` and
+    :meth:`acomplete` alike. ``completion = yield request`` hands a :class:`Request` on to ``inner``
+    (``inner.complete`` under ``complete``, ``await inner.acomplete`` under ``acomplete``) and receives
+    its reply, or has its error raised right there; ``yield Sleep(seconds)`` waits; what the generator
+    returns is the caller's completion, whether ``inner`` was asked or not.
+
+    ``name`` and ``model`` default to the inner model's, and ``accepts_timeout`` is the inner model's,
+    so a ``timeout=`` reaches an inner model that takes one (and only such a model). An adapter of
+    another framework's model passes it as ``inner`` and overrides :meth:`_send` and :meth:`_asend`,
+    the two places where a request meets it.
+
+    >>> class Counting(WrappedLLM):
+    ...     calls = 0
+    ...     def _call(self, request):
+    ...         self.calls += 1  # once per call, sync or async
+    ...         return (yield request)
+    """
+
+    def __init__(self, inner: Any, *, name: str | None = None) -> None:
+        own = str(getattr(inner, "name", None) or type(inner).__name__)
+        self.inner = inner
+        self.name = name or own
+        self.model = str(getattr(inner, "model", None) or own)
+        self.accepts_timeout = bool(getattr(inner, "accepts_timeout", False))
+
+    @property
+    def llm(self) -> Any:
+        """The same as ``inner``: ``CachedLLM``, ``Meter`` and ``LlamaIndexLLM`` always called it ``llm``."""
+        return self.inner
+
+    def _call(self, request: Request) -> CallFlow:
+        """Override: what is done around each call. By default nothing: the request goes on as it came."""
+        return (yield request)
+
+    def _send(self, request: Request) -> Any:
+        return self.inner.complete(request.messages, **self._options(request))
+
+    async def _asend(self, request: Request) -> Any:
+        return await self.inner.acomplete(request.messages, **self._options(request))
+
+    def _options(self, request: Request) -> CallOptions:
+        """The request's keyword arguments for ``inner``: ``timeout`` only where it takes one."""
+        options = CallOptions(schema=request.schema, max_tokens=request.max_tokens, temperature=request.temperature)
+        if request.timeout is not None and getattr(self.inner, "accepts_timeout", False):
+            options["timeout"] = request.timeout
+        return options
 
 
 # --------------------------------------------------------------------------- JSON output

@@ -17,14 +17,14 @@ from pgr_core.errors import (
     LLMStatusError,
     LLMTimeoutError,
 )
-from pgr_core.llm import LLM, Completion, Usage
+from pgr_core.llm import CallFlow, Completion, Request, Usage, WrappedLLM
 
 __all__ = ["LlamaIndexLLM"]
 
 SchemaKwargs = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 
-class LlamaIndexLLM(LLM):
+class LlamaIndexLLM(WrappedLLM):
     """pgr's :class:`~pgr_core.llm.LLM` protocol on top of a LlamaIndex ``LLM`` (OpenAI, Ollama,
     Anthropic, a ``CustomLLM``...): ``complete`` calls ``llm.chat``, ``acomplete`` awaits ``llm.achat``.
 
@@ -58,56 +58,39 @@ class LlamaIndexLLM(LLM):
     ) -> None:
         if not isinstance(llm, LlamaLLM):
             raise InvalidArgumentError(f"llm must be a LlamaIndex LLM, not {type(llm).__name__}")
-        self.llm = llm
+        model = _model_name(llm)
+        super().__init__(llm, name=f"llamaindex:{model}")
+        self.model = model
         self.schema_kwargs = schema_kwargs
         self.chat_kwargs = dict(chat_kwargs or {})
         self.forward_max_tokens = forward_max_tokens
-        self.model = _model_name(llm)
-        self.name = f"llamaindex:{self.model}"
 
     def __repr__(self) -> str:
         return f"LlamaIndexLLM({type(self.llm).__name__}, model={self.model!r})"
 
-    def complete(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        *,
-        schema: Mapping[str, Any] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-    ) -> Completion:
+    # -- one call for complete and acomplete: chat (or achat), its errors mapped, its reply read
+    def _call(self, request: Request) -> CallFlow:
         started = time.perf_counter()
         try:
-            response = self.llm.chat(_chat_messages(messages), **self._kwargs(schema, max_tokens))
+            response = yield request
         except LLMError:
             raise
         except Exception as exc:
             raise _map_error(self.name, exc) from exc
-        return self._completion(response, messages, started)
+        return self._completion(response, request.messages, started)
 
-    async def acomplete(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        *,
-        schema: Mapping[str, Any] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-    ) -> Completion:
-        started = time.perf_counter()
-        try:
-            response = await self.llm.achat(_chat_messages(messages), **self._kwargs(schema, max_tokens))
-        except LLMError:
-            raise
-        except Exception as exc:
-            raise _map_error(self.name, exc) from exc
-        return self._completion(response, messages, started)
+    def _send(self, request: Request) -> ChatResponse:
+        return self.llm.chat(_chat_messages(request.messages), **self._kwargs(request))
 
-    def _kwargs(self, schema: Mapping[str, Any] | None, max_tokens: int) -> dict[str, Any]:
+    async def _asend(self, request: Request) -> ChatResponse:
+        return await self.llm.achat(_chat_messages(request.messages), **self._kwargs(request))
+
+    def _kwargs(self, request: Request) -> dict[str, Any]:
         kwargs = dict(self.chat_kwargs)
         if self.forward_max_tokens:
-            kwargs["max_tokens"] = max_tokens
-        if schema is not None and self.schema_kwargs is not None:
-            kwargs.update(self.schema_kwargs(schema))
+            kwargs["max_tokens"] = request.max_tokens
+        if request.schema is not None and self.schema_kwargs is not None:
+            kwargs.update(self.schema_kwargs(request.schema))
         return kwargs
 
     def _completion(self, response: ChatResponse, messages: Sequence[Mapping[str, str]], started: float) -> Completion:

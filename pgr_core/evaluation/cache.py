@@ -33,7 +33,7 @@ import numpy as np
 from ..caches import CachedEmbedder
 from ..embedders import Embedder
 from ..errors import InvalidArgumentError
-from ..llm import LLM, Completion, Message, Usage
+from ..llm import LLM, CallFlow, Completion, Message, Request, Usage, WrappedLLM
 
 __all__ = [
     "CacheStats",
@@ -67,16 +67,15 @@ class CacheStats:
     saved_seconds: float = 0.0  # what the hits took when they were first asked
 
 
-class CachedLLM(LLM):
+class CachedLLM(WrappedLLM):
     """``llm`` with a disk cache under ``root``. ``model`` names the model in the key (default: the
     wrapped LLM's ``model`` attribute, else its ``name``); ``stats`` counts hits and misses."""
 
     def __init__(self, llm: LLM, root: str | Path, *, model: str | None = None) -> None:
-        self.llm = llm
+        super().__init__(llm, name=f"cached:{llm.name}")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.model = model or str(getattr(llm, "model", None) or llm.name)
-        self.name = f"cached:{llm.name}"
+        self.model = model or self.model
         self.stats = CacheStats()
         self._lock = threading.Lock()
 
@@ -134,35 +133,13 @@ class CachedLLM(LLM):
                 self.stats.saved_seconds += found.seconds
         return found
 
-    def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        schema: Mapping[str, Any] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-    ) -> Completion:
-        key = request_key(self.model, messages, schema, max_tokens, temperature)
+    def _call(self, request: Request) -> CallFlow:
+        """A stored reply when there is one, else the model's, stored (a failure is raised, never stored)."""
+        key = request_key(self.model, request.messages, request.schema, request.max_tokens, request.temperature)
         found = self._hit(key)
         if found is not None:
             return found
-        completion = self.llm.complete(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
-        self.store(key, completion)
-        return completion
-
-    async def acomplete(
-        self,
-        messages: Sequence[Message],
-        *,
-        schema: Mapping[str, Any] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-    ) -> Completion:
-        key = request_key(self.model, messages, schema, max_tokens, temperature)
-        found = self._hit(key)
-        if found is not None:
-            return found
-        completion = await self.llm.acomplete(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
+        completion = yield request
         self.store(key, completion)
         return completion
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidArgumentError
-from ..llm import LLM, Completion, Message
+from ..llm import LLM, CallFlow, Completion, Request, WrappedLLM
 from ..policy import PGR
 from ..prospectors import FacetProspector, NoProspection
 from ..store import Store
@@ -66,13 +66,11 @@ def _reason(result: RetrievalResult) -> str | None:
     return f"degraded (stop: {result.trace.stop_reason})" if result.degraded else None
 
 
-class Meter(LLM):
+class Meter(WrappedLLM):
     """Counts what passes through to ``llm``: calls, tokens, and the seconds each call originally took."""
 
     def __init__(self, llm: LLM) -> None:
-        self.llm = llm
-        self.name = llm.name
-        self.model = getattr(llm, "model", llm.name)
+        super().__init__(llm)
         self.reset()
 
     def reset(self) -> None:
@@ -90,17 +88,10 @@ class Meter(LLM):
         self.inside += time.perf_counter() - started
         return completion
 
-    def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        schema: Mapping[str, Any] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-    ) -> Completion:
+    def _call(self, request: Request) -> CallFlow:
         started = time.perf_counter()
         try:
-            completion = self.llm.complete(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
+            completion = yield request
         except Exception:
             self.calls += 1
             self.inside += time.perf_counter() - started

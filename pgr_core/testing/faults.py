@@ -91,7 +91,6 @@ wrong_length        ignores K: a hit list longer than    facts = [] ; on the fir
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import re
@@ -106,7 +105,7 @@ from ..errors import (
     LLMStatusError,
     LLMTimeoutError,
 )
-from ..llm import LLM, MAX_REPLY_CHARS, Completion, Usage
+from ..llm import LLM, MAX_REPLY_CHARS, CallFlow, Completion, Request, Sleep, Usage, WrappedLLM
 from ..store import Store
 from ..types import Hit, Scope, SearchParams
 from . import LLMCall
@@ -180,7 +179,7 @@ class _Schedule:
             return pick
 
 
-class FaultyLLM(LLM):
+class FaultyLLM(WrappedLLM):
     """An LLM that injects ``fault`` (a kind of :data:`LLM_FAULTS` or :data:`HOSTILE_FAULTS`, ``"slow"``,
     or a list to pick from).
 
@@ -191,10 +190,9 @@ class FaultyLLM(LLM):
 
     ``injected`` lists ``(call index, kind)`` of every fault injected, ``calls`` every call received.
     Faults that replace the reply do not call ``inner`` (as if the server had answered instead);
-    ``truncated_json`` and ``slow`` do.
+    ``truncated_json`` and ``slow`` do. It takes ``timeout=`` (a slow reply honours it) and passes it
+    on where ``inner`` takes one.
     """
-
-    accepts_timeout = True
 
     def __init__(
         self,
@@ -209,11 +207,11 @@ class FaultyLLM(LLM):
     ) -> None:
         if not isinstance(inner, LLM):
             raise InvalidArgumentError(f"inner must be a pgr_core LLM, not {type(inner).__name__}")
-        self.inner = inner
+        super().__init__(inner, name=f"faulty:{inner.name}")
+        self.accepts_timeout = True  # a slow reply is cut at the timeout, whatever inner takes
         self.schedule = _Schedule(fault, {*LLM_FAULTS, *HOSTILE_FAULTS, "slow"}, calls, rate, seed)
         self.query = query
         self.delay = delay
-        self.name = f"faulty:{inner.name}"
         self.calls: list[LLMCall] = []
 
     @property
@@ -223,47 +221,16 @@ class FaultyLLM(LLM):
     def __repr__(self) -> str:
         return f"FaultyLLM({self.inner!r}, {self.schedule.kinds!r})"
 
-    # -- the protocol
-    def complete(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        *,
-        schema: Mapping[str, Any] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-        timeout: float | None = None,
-    ) -> Completion:
-        kind = self._next(messages, schema, max_tokens)
-        if kind is None or kind in ("truncated_json", "slow"):
-            if kind == "slow":
-                wait, gives_up = self._slow(timeout)
-                time.sleep(wait)
-                if gives_up:
-                    raise LLMTimeoutError(f"{self.name}: no answer within {wait:.3g}s (injected slow reply)")
-            inner = self.inner.complete(messages, schema=schema, max_tokens=max_tokens, **self._extra(timeout))
-            return self._finish(kind, messages, schema, inner)
-        return self._finish(kind, messages, schema, None)
-
-    async def acomplete(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        *,
-        schema: Mapping[str, Any] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-        timeout: float | None = None,
-    ) -> Completion:
-        kind = self._next(messages, schema, max_tokens)
-        if kind is None or kind in ("truncated_json", "slow"):
-            if kind == "slow":
-                wait, gives_up = self._slow(timeout)
-                await asyncio.sleep(wait)
-                if gives_up:
-                    raise LLMTimeoutError(f"{self.name}: no answer within {wait:.3g}s (injected slow reply)")
-            extra = self._extra(timeout)
-            inner = await self.inner.acomplete(messages, schema=schema, max_tokens=max_tokens, **extra)
-            return self._finish(kind, messages, schema, inner)
-        return self._finish(kind, messages, schema, None)
+    # -- the protocol, once for complete and acomplete
+    def _call(self, request: Request) -> CallFlow:
+        kind = self._next(request.messages, request.schema, request.max_tokens)
+        if kind == "slow":
+            wait, gives_up = self._slow(request.timeout)
+            yield Sleep(wait)
+            if gives_up:
+                raise LLMTimeoutError(f"{self.name}: no answer within {wait:.3g}s (injected slow reply)")
+        inner = (yield request) if kind in (None, "truncated_json", "slow") else None
+        return self._finish(kind, request.messages, request.schema, inner)
 
     # -- faults
     def _next(
@@ -271,9 +238,6 @@ class FaultyLLM(LLM):
     ) -> str | None:
         self.calls.append(LLMCall([dict(m) for m in messages], schema, max_tokens))  # list.append: thread-safe
         return self.schedule.next()
-
-    def _extra(self, timeout: float | None) -> dict[str, Any]:
-        return {"timeout": timeout} if timeout is not None and self.inner.accepts_timeout else {}
 
     def _slow(self, timeout: float | None) -> tuple[float, bool]:
         """How long a slow reply waits, and whether the client's timeout ends it first (then it fails

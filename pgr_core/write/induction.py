@@ -32,7 +32,7 @@ from typing import Any
 
 from ..embedders import Embedder, HashingEmbedder
 from ..errors import LLMError
-from ..llm import LLM, Completion, parse_json
+from ..llm import LLM, CallFlow, Request, WrappedLLM, parse_json
 from ..memory import InMemoryStore
 from ..prompts import render
 from ..types import Fact, Scope
@@ -128,17 +128,16 @@ class InductionResult:
     versions: list[Guideline] = field(default_factory=list)
 
 
-class _Counting(LLM):
+class _Counting(WrappedLLM):
     """Counts the calls made through it (the history reports LLM calls per step)."""
 
     def __init__(self, inner: LLM) -> None:
-        self.inner, self.calls, self.name = inner, 0, getattr(inner, "name", "llm")
+        super().__init__(inner)
+        self.calls = 0
 
-    def complete(
-        self, messages: Any, *, schema: Any = None, max_tokens: int = 512, temperature: float = 0.0
-    ) -> Completion:
+    def _call(self, request: Request) -> CallFlow:
         self.calls += 1
-        return self.inner.complete(messages, schema=schema, max_tokens=max_tokens, temperature=temperature)
+        return (yield request)
 
 
 # ====================================================================== 1. roll out
