@@ -24,8 +24,10 @@ filled, its hit count is its own business.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
     from .types import Scope
 
 __all__ = ["CachedEmbedder", "EmbedCount", "ProspectionCache", "Reusable", "counting_embeddings"]
+
+log = logging.getLogger("pgr")
 
 
 # ====================================================================== embeddings
@@ -312,15 +316,30 @@ class ProspectionCache:
         """Drop the entries of every cached scope that can see a fact owned by one of ``scopes`` (all
         entries when None) and move those scopes to a new version. Returns the entries dropped.
 
-        This is the listener a store calls after a write or deletion.
+        This is the listener a store calls after a write or deletion. It never raises: when it cannot
+        tell which cached scopes a change touched (an owner that is not a :class:`Scope`), it drops
+        every entry, logged on the ``pgr`` logger, rather than keep one that may be stale.
         """
-        dropped = 0
         with self._lock:
-            for scope, bucket in self._buckets.items():
-                if scopes is None or any(scope.allows(owner) for owner in scopes):
-                    dropped += len(bucket.entries)
-                    bucket.entries.clear()
-                    bucket.version = next(self._versions)
+            try:
+                owners = None if scopes is None else list(scopes)
+                touched = [
+                    bucket
+                    for scope, bucket in self._buckets.items()
+                    if owners is None or any(scope.allows(owner) for owner in owners)
+                ]
+            except Exception:
+                log.warning(
+                    "the Phase-1 reuse cache could not match a store change to its scopes (%r): dropping all of it\n%s",
+                    scopes,
+                    traceback.format_exc(),  # as text: a record holding the traceback would hold its frames
+                )
+                touched = list(self._buckets.values())
+            dropped = 0
+            for bucket in touched:
+                dropped += len(bucket.entries)
+                bucket.entries.clear()
+                bucket.version = next(self._versions)
         return dropped
 
     def clear(self) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .embedders import Embedder
 from .errors import InvalidArgumentError
-from .trace import DroppedProbe, Step
+from .trace import DroppedProbe, Round, Step
 
 __all__ = ["Hygiene", "clean_steps"]
 
@@ -76,12 +76,14 @@ def clean_steps(
     earlier: Sequence[str],
     rules: Hygiene,
     embedder: Embedder | None,
+    into: Round | None = None,
 ) -> tuple[list[Step], list[DroppedProbe]]:
     """Keep the steps whose text is a usable probe; say why each other one was dropped.
 
     ``earlier`` holds the probes already sent (earlier rounds and the query's own). Each kept step's
     ``probe`` is set: its text, query words stripped when asked, cut to ``rules.max_words`` words and
-    ``rules.max_chars`` characters.
+    ``rules.max_chars`` characters. When the embedder fails, similarity falls back to word overlap
+    (Jaccard) and the failure is recorded in ``into.hygiene_fallback`` (the round being cleaned).
     """
     dropped: list[DroppedProbe] = []
     candidates: list[Step] = []
@@ -104,8 +106,10 @@ def clean_steps(
     if embedder is not None:
         try:
             matrix = embedder.embed([query, *earlier, *texts])
-        except Exception:
+        except Exception as exc:  # hygiene must not fail a round: compare by word overlap, and say so
             matrix = None
+            if into is not None:
+                into.hygiene_fallback = f"{type(exc).__name__}: {exc}"
     if matrix is not None:
         # every similarity this round needs, in three matrix products (no Python loop over pairs)
         q_sims = matrix[1 + len(earlier) :] @ matrix[0]

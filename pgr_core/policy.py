@@ -586,7 +586,7 @@ class PGR(Savings, Drivers):
             earlier.append(p.intent)
         with self._embeds(p.trace, rnd.phase):  # one embedding call for the whole round
             kept, dropped = clean_steps(
-                steps, query=p.query, earlier=earlier, rules=self.config.hygiene, embedder=self.embedder
+                steps, query=p.query, earlier=earlier, rules=self.config.hygiene, embedder=self.embedder, into=rnd
             )
         rnd.dropped.extend(dropped)
         rnd.steps.extend(steps)

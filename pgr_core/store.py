@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import traceback
 import uuid
 import weakref
 from abc import ABC, abstractmethod
@@ -19,6 +21,7 @@ __all__ = ["AddsOneFact", "ChangeListener", "Store", "validate_probes"]
 #: Called after a write or deletion with the owners (scopes) of the facts that changed.
 ChangeListener = Callable[[frozenset[Scope]], object]
 _LISTENERS_LOCK = threading.Lock()  # guards the first creation of a store's listener list
+log = logging.getLogger("pgr")
 
 
 def validate_probes(probes: Sequence[str]) -> list[str]:
@@ -80,7 +83,9 @@ class Store(ABC):
         """Call ``callback(scopes)`` after every write or deletion, with the scopes owning the facts that
         were added, replaced or removed. A bound method is held weakly (a PGR and its caches can be
         dropped without unregistering); any other callable is held until :meth:`remove_listener`.
-        A listener that raises is ignored: a cache must never fail a write.
+        A listener that raises does not fail the write: the error is logged (logger ``pgr``) and the
+        other listeners are still called. pgr's own cache listener never raises (it drops what it
+        cannot match rather than keep it).
         """
         ref: Any
         try:
@@ -107,12 +112,8 @@ class Store(ABC):
             live = [(r, _resolve(r)) for r in listeners]
             listeners[:] = [r for r, fn in live if fn is not None]
         for _, fn in live:
-            if fn is None:
-                continue
-            try:
-                fn(owners)
-            except Exception:  # a listener's failure must not undo or fail the write
-                continue
+            if fn is not None:
+                _tell(fn, owners, type(self).__name__)
 
     # -- what the policy calls: argument checks and error mapping around the hook
     def _precheck(self, probes: Sequence[str], scope: Scope) -> tuple[list[str], Scope]:
@@ -200,6 +201,15 @@ class AddsOneFact:
             metadata=dict(metadata or {}),
         )
         return self.add_facts([fact])[0]
+
+
+def _tell(listener: ChangeListener, owners: frozenset[Scope], store: str) -> None:
+    """Call one listener. Its failure must not undo or fail the write, nor pass unseen: it is logged,
+    its traceback as text (a record holding the traceback would keep every listener's owner alive)."""
+    try:
+        listener(owners)
+    except Exception:
+        log.warning("a change listener of %s raised after a write: %r\n%s", store, listener, traceback.format_exc())
 
 
 def _resolve(ref: Any) -> ChangeListener | None:

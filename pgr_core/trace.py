@@ -140,6 +140,9 @@ class Round:
     prompt_fact_ids: list[str] = field(default_factory=list)  # the facts this round's prompt showed, in order
     kept: list[str] = field(default_factory=list)  # step ids the revision kept as they were (not probed again)
     pruned: list[str] = field(default_factory=list)  # step ids the revision left out
+    # why probe hygiene compared this round's steps by word overlap instead of cosine (its embedder
+    # failed: "RuntimeError: ..."); None when it did not fall back
+    hygiene_fallback: str | None = None
     store_calls: int = 0
     prospect_seconds: float = 0.0
     search_seconds: float = 0.0

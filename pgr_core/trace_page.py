@@ -318,6 +318,8 @@ class _QueryView:
             tot = [a + b for a, b in zip(tot, vals, strict=True)]
             phase = str(r.get("phase") or "")
             note = ' <span class="muted">(hits not counted)</span>' if phase == "augment" else ""
+            if r.get("hygiene_fallback"):  # the embedder failed: probes were told apart by word overlap
+                note += f' <span class="muted">(hygiene by word overlap: {_e(r.get("hygiene_fallback"))})</span>'
             out.append(
                 f"<tr><td>{_int(r.get('index', i))}</td><td>{_e(phase)}{note}</td>"
                 + "".join(f'<td class="n">{v}</td>' for v in vals[:8])

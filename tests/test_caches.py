@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -228,7 +229,7 @@ def test_the_store_tells_listeners_which_scopes_changed() -> None:
     assert len(heard) == 3
 
 
-def test_listeners_that_fail_or_die_never_break_a_write() -> None:
+def test_listeners_that_fail_or_die_never_break_a_write(caplog: pytest.LogCaptureFixture) -> None:
     store = make_store()
 
     def broken(scopes: frozenset[Scope]) -> None:
@@ -244,9 +245,14 @@ def test_listeners_that_fail_or_die_never_break_a_write() -> None:
     owner = Owner()
     store.add_listener(broken)
     store.add_listener(owner.hear)  # a bound method is held weakly
-    store.add("one", scope=U1)
-    assert owner.heard == 1
-    del owner
+    with caplog.at_level(logging.WARNING, logger="pgr"):
+        store.add("one", scope=U1)
+    assert owner.heard == 1  # the listener after the broken one still heard
+    (record,) = [r for r in caplog.records if r.name == "pgr"]
+    message = record.getMessage()
+    assert "change listener of InMemoryStore raised" in message and "broken" in message
+    assert message.rstrip().endswith("RuntimeError: listener bug")  # with its traceback
+    del owner  # the logged traceback must not keep it alive
     gc.collect()
     store.add("two", scope=U1)
     assert len(store.__dict__["_pgr_listeners"]) == 1  # the dead one was dropped, the broken one kept
@@ -312,6 +318,23 @@ def test_a_change_clears_every_scope_that_can_see_it_and_refuses_stale_puts() ->
     assert len(cache) == 0
 
 
+def test_a_change_the_cache_cannot_match_drops_all_of_it_and_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    cache = ProspectionCache()
+    vec = HashingEmbedder().embed([QUERY])[0]
+    for scope in (U1, U2):
+        cache.put(scope, None, QUERY, vec, "i", _steps(), version=cache.begin(scope))
+    started = cache.begin(U2)
+    store = make_store()
+    store.add_listener(cache.invalidate)
+    with caplog.at_level(logging.WARNING, logger="pgr"):
+        store._notify(["u1"])  # an adapter that reports owners as bare ids: no cached scope can be matched
+    assert len(cache) == 0  # both scopes dropped, not kept stale
+    assert not cache.put(U2, None, QUERY, vec, "stale", _steps(), version=started)
+    (record,) = [r for r in caplog.records if r.name == "pgr"]
+    assert "reuse cache could not match a store change to its scopes (frozenset({'u1'}))" in record.getMessage()
+    assert "AttributeError" in record.getMessage()
+
+
 # ------------------------------------------------------------------ Phase-1 reuse in PGR
 
 
@@ -360,6 +383,27 @@ def test_reuse_never_crosses_scopes_dates_or_a_change_in_the_scope() -> None:
     assert pgr.retrieve(QUERY, scope=U1, date="2025-05-01").trace.reused_phase1_from == QUERY
     store.delete([new_id], scope=U1)
     assert pgr.retrieve(QUERY, scope=U1, date="2025-05-01").trace.reused_phase1_from is None
+
+
+def test_a_listener_that_raises_beside_the_reuse_cache_does_not_keep_it_stale(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = make_store()
+    llm = steps_llm()
+
+    def broken(scopes: frozenset[Scope]) -> None:
+        raise RuntimeError("listener bug")
+
+    store.add_listener(broken)  # registered before PGR's own: it raises first on every write
+    pgr = reuse_pgr(store, llm)
+    pgr.retrieve(QUERY, scope=U1)
+    assert pgr.phase1_cache is not None and len(pgr.phase1_cache) == 1
+    with caplog.at_level(logging.WARNING, logger="pgr"):
+        store.add("I joined a walking club", scope=U1)
+    assert len(pgr.phase1_cache) == 0  # the write still cleared u1's entry
+    (record,) = [r for r in caplog.records if r.name == "pgr"]
+    assert record.getMessage().startswith(f"a change listener of InMemoryStore raised after a write: {broken!r}")
+    assert pgr.retrieve(QUERY + " ", scope=U1).trace.reused_phase1_from is None  # asked afresh
 
 
 def test_a_store_without_notifications_is_bounded_by_the_ttl() -> None:

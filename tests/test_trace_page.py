@@ -7,8 +7,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from pgr_core.trace_page import trace_page, write_trace_page
 from pgr_core.trace import DroppedProbe, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
+from pgr_core.trace_page import trace_page, write_trace_page
 from pgr_core.types import Fact, Scope
 
 SCOPE = Scope(user_id="u1")
@@ -322,6 +322,15 @@ def test_rounds_table(dom: Node) -> None:
     ]
     total = [c.text() for c in table.find_all("tfoot")[0].find_all("tr")[0].children if isinstance(c, Node)]
     assert total == ["total", "6", "1", "3", "1", "0", "0", "0", "3", "2.00", "0.09"]
+
+
+def test_a_round_whose_hygiene_fell_back_says_so_in_the_rounds_table() -> None:
+    result = pgr_result(augment=False)
+    result.trace.rounds[1].hygiene_fallback = "RuntimeError: embedding server down <b>"
+    dom = parse(trace_page([item(result)]))
+    table = next(n for n in section(dom, "Rounds") if n.tag == "table")
+    phases = [tr.find_all("td")[1].text() for tr in table.find_all("tbody")[0].find_all("tr")]
+    assert phases == ["initial", "personalized (hygiene by word overlap: RuntimeError: embedding server down <b>)"]
 
 
 def test_probes_list_their_hits_with_texts_scores_and_new_marks(dom: Node) -> None:
