@@ -3,7 +3,8 @@
 A LlamaIndex retriever answers one query at a time (``BaseRetriever`` has no batch API), so one pgr
 round of n probes costs n ``retrieve`` calls: run in turn by :meth:`RetrieverStore.search_batch`,
 concurrently (``aretrieve``, natively async) by :meth:`RetrieverStore.asearch_batch`. Still one pgr
-store call per round.
+store call per round. The two are one flow (:mod:`pgr_adapters._flows`) that yields the LlamaIndex calls
+it needs by their sync name; one driver makes them, the other awaits their ``a``-named twins.
 
 Scoping. pgr never searches unscoped, and a retriever has no notion of a user, so the store must be
 told how to scope it, in one of three ways:
@@ -36,7 +37,7 @@ import asyncio
 import copy
 import logging
 import threading
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
@@ -55,6 +56,8 @@ from pgr_core.errors import ConfigurationError, InvalidArgumentError, PGRError, 
 from pgr_core.store import Store, validate_probes
 from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams, owner_fields
 
+from .._flows import Flow, adrive, drive
+
 __all__ = ["RetrieverStore"]
 
 logger = logging.getLogger(__name__)
@@ -62,7 +65,28 @@ logger = logging.getLogger(__name__)
 ScopeFilter = Callable[[Scope], BaseRetriever]
 _SCOPE_FIELDS = ("user_id", "agent_id", "run_id")
 _SAMPLE = 32  # nodes read at construction to check they name their owner (as QdrantStore samples points)
-_NeighbourWalk = Generator[list[str], dict[str, BaseNode], dict[str, list[BaseNode]]]
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One LlamaIndex call, by method name: the sync driver calls ``method``, the async one awaits
+    ``"a" + method`` (``retrieve`` / ``aretrieve``, ``get_nodes`` / ``aget_nodes``...)."""
+
+    target: Any
+    method: str
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, target: Any, method: str, *args: Any, **kwargs: Any) -> _Call:
+        return cls(target, method, args, kwargs)
+
+
+@dataclass(frozen=True)
+class _EachProbe:
+    """A round's retrieve flows, one per probe: driven in turn (sync) or concurrently (async)."""
+
+    flows: list[Flow[list[NodeWithScore]]]
 
 
 @dataclass(frozen=True)
@@ -223,36 +247,15 @@ class RetrieverStore(Store):
 
     def search_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
         """One ``retrieve`` call per probe, in turn; window neighbours from one docstore look-up per level."""
-        probes = validate_probes(probes)
-        scope = Scope.coerce(scope)
-        if not probes:
-            return []
-        retriever = self._scoped_retriever(scope, params.top_k)
-        embed_model = self._batch_embed_model(retriever)
-        vectors: list[Any] = [None] * len(probes)
-        if embed_model is not None:
-            self._count(embed_batches=1)
-            try:
-                vectors = embed_model.get_text_embedding_batch(probes)
-            except Exception as exc:
-                raise StoreError(f"embedding the round's probes failed: {exc}") from exc
-        node_lists = []
-        for i, (probe, vector) in enumerate(zip(probes, vectors, strict=True)):
-            self._count(retriever_calls=1)
-            try:
-                node_lists.append(retriever.retrieve(QueryBundle(query_str=probe, embedding=vector)))
-            except Exception as exc:
-                raise StoreError(f"{type(retriever).__name__}.retrieve failed on probe {i}: {exc}") from exc
-        hit_lists = [self._direct_hits(nodes, scope, params) for nodes in node_lists]
-        if params.window and self.capabilities.window:
-            source = self._source(scope, retriever)
-            walk = _walk_neighbours(_anchors(hit_lists), params.window)
-            neighbours = _run_walk(walk, lambda ids: self._fetch(ids, source))
-            hit_lists = [self._with_neighbours(hits, neighbours, scope, source.vouched) for hits in hit_lists]
-        return [[hit for hit, _ in hits] for hits in hit_lists]
+        return drive(self._search_flow(probes, scope, params), self._perform)
 
     async def asearch_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
         """The probes of a round run concurrently (``aretrieve``), at most ``max_concurrency`` at once."""
+        return await adrive(self._search_flow(probes, scope, params), self._aperform)
+
+    def _search_flow(self, probes: Sequence[str], scope: Scope, params: SearchParams) -> Flow[list[list[Hit]]]:
+        """One round, written once for both APIs (:mod:`pgr_adapters._flows`): the probes' embeddings
+        (``batch_embed``), one retrieve per probe, then the window's look-ups."""
         probes = validate_probes(probes)
         scope = Scope.coerce(scope)
         if not probes:
@@ -263,27 +266,45 @@ class RetrieverStore(Store):
         if embed_model is not None:
             self._count(embed_batches=1)
             try:
-                vectors = await embed_model.aget_text_embedding_batch(probes)
+                vectors = yield _Call.of(embed_model, "get_text_embedding_batch", probes)
             except Exception as exc:
                 raise StoreError(f"embedding the round's probes failed: {exc}") from exc
-        gate = asyncio.Semaphore(self.max_concurrency)
-
-        async def one(i: int, probe: str) -> list[NodeWithScore]:
-            async with gate:
-                self._count(retriever_calls=1)
-                try:
-                    return await retriever.aretrieve(QueryBundle(query_str=probe, embedding=vectors[i]))
-                except Exception as exc:
-                    raise StoreError(f"{type(retriever).__name__}.aretrieve failed on probe {i}: {exc}") from exc
-
-        node_lists = await asyncio.gather(*(one(i, p) for i, p in enumerate(probes)))
+        bundles = [QueryBundle(query_str=p, embedding=v) for p, v in zip(probes, vectors, strict=True)]
+        node_lists = yield _EachProbe([self._retrieve_flow(retriever, i, b) for i, b in enumerate(bundles)])
         hit_lists = [self._direct_hits(nodes, scope, params) for nodes in node_lists]
         if params.window and self.capabilities.window:
             source = self._source(scope, retriever)
-            walk = _walk_neighbours(_anchors(hit_lists), params.window)
-            neighbours = await _arun_walk(walk, lambda ids: self._afetch(ids, source))
+            neighbours = yield from _walk_neighbours(_anchors(hit_lists), params.window, self._fetcher(source))
             hit_lists = [self._with_neighbours(hits, neighbours, scope, source.vouched) for hits in hit_lists]
         return [[hit for hit, _ in hits] for hits in hit_lists]
+
+    def _retrieve_flow(self, retriever: BaseRetriever, i: int, bundle: QueryBundle) -> Flow[list[NodeWithScore]]:
+        self._count(retriever_calls=1)
+        try:
+            return (yield _Call.of(retriever, "retrieve", bundle))
+        except Exception as exc:
+            raise StoreError(f"{type(retriever).__name__} failed to retrieve for probe {i}: {exc}") from exc
+
+    # -- the two drivers' ways of performing a flow's effects
+
+    def _perform(self, effect: _Call | _EachProbe) -> Any:
+        """One effect with blocking calls; a round's probes in turn."""
+        if isinstance(effect, _EachProbe):
+            return [drive(flow, self._perform) for flow in effect.flows]
+        return getattr(effect.target, effect.method)(*effect.args, **effect.kwargs)
+
+    async def _aperform(self, effect: _Call | _EachProbe) -> Any:
+        """One effect awaited (LlamaIndex names every async twin ``a`` + the sync name); a round's probes
+        concurrently, at most ``max_concurrency`` at once."""
+        if isinstance(effect, _EachProbe):
+            gate = asyncio.Semaphore(self.max_concurrency)
+
+            async def one(flow: Flow[Any]) -> Any:
+                async with gate:
+                    return await adrive(flow, self._aperform)
+
+            return await asyncio.gather(*(one(flow) for flow in effect.flows))
+        return await getattr(effect.target, "a" + effect.method)(*effect.args, **effect.kwargs)
 
     # ------------------------------------------------------------------ scoping
 
@@ -499,7 +520,7 @@ class RetrieverStore(Store):
         ids = list(dict.fromkeys(str(i) for i in fact_ids))
         if not ids:
             return {}
-        nodes = self._fetch(ids, source, counter="id_lookups")
+        nodes = drive(self._fetch_flow(ids, source, counter="id_lookups"), self._perform)
         out: dict[str, Fact] = {}
         for fact_id in ids:
             node = nodes.get(fact_id)
@@ -524,14 +545,14 @@ class RetrieverStore(Store):
             return {}
         source = self._source(scope)
         vouched = source.vouched
-        nodes = self._fetch(list(anchors), source)
+        nodes = drive(self._fetch_flow(list(anchors), source), self._perform)
         pairs = [
             (hit, nodes[i])
             for i, hit in anchors.items()
             if i in nodes and self._owner(nodes[i], scope, vouched=vouched) is not None
         ]
-        walk = _walk_neighbours([node for _, node in pairs], window)
-        neighbours = _run_walk(walk, lambda ids: self._fetch(ids, source))
+        walk = _walk_neighbours([node for _, node in pairs], window, self._fetcher(source))
+        neighbours = drive(walk, self._perform)
         out: dict[str, list[Hit]] = {}
         for hit, node in pairs:
             found = [h for h, _ in self._with_neighbours([(hit, node)], neighbours, scope, vouched)[1:]]
@@ -605,37 +626,28 @@ class RetrieverStore(Store):
 
     # ------------------------------------------------------------------ look-ups by node id
 
-    def _fetch(self, node_ids: list[str], source: _Source, counter: str = "neighbour_lookups") -> dict[str, BaseNode]:
+    def _fetch_flow(
+        self, node_ids: list[str], source: _Source, counter: str = "neighbour_lookups"
+    ) -> Flow[dict[str, BaseNode]]:
         """The nodes of ``node_ids`` that ``source`` holds (its docstore, then its vector store)."""
         self._count(**{counter: 1})
         found: dict[str, BaseNode] = {}
         try:
             if source.docstore is not None:
-                found.update((n.node_id, n) for n in source.docstore.get_nodes(node_ids, raise_error=False) if n)
+                nodes = yield _Call.of(source.docstore, "get_nodes", node_ids, raise_error=False)
+                found.update((n.node_id, n) for n in nodes if n)
             missing = [i for i in node_ids if i not in found]
             if missing and source.node_store is not None:
-                found.update((n.node_id, n) for n in source.node_store.get_nodes(node_ids=missing))
+                found.update((n.node_id, n) for n in (yield _Call.of(source.node_store, "get_nodes", node_ids=missing)))
         except NotImplementedError:
             pass  # a vector store that cannot fetch by id: no neighbours beyond the docstore's
         except Exception as exc:
             raise StoreError(f"fetching window neighbours failed: {exc}") from exc
         return found
 
-    async def _afetch(self, node_ids: list[str], source: _Source) -> dict[str, BaseNode]:
-        self._count(neighbour_lookups=1)
-        found: dict[str, BaseNode] = {}
-        try:
-            if source.docstore is not None:
-                nodes = await source.docstore.aget_nodes(node_ids, raise_error=False)
-                found.update((n.node_id, n) for n in nodes if n)
-            missing = [i for i in node_ids if i not in found]
-            if missing and source.node_store is not None:
-                found.update((n.node_id, n) for n in await source.node_store.aget_nodes(node_ids=missing))
-        except NotImplementedError:
-            pass
-        except Exception as exc:
-            raise StoreError(f"fetching window neighbours failed: {exc}") from exc
-        return found
+    def _fetcher(self, source: _Source) -> Callable[[list[str]], Flow[dict[str, BaseNode]]]:
+        """The window's look-up in ``source``, for :func:`_walk_neighbours`."""
+        return lambda node_ids: self._fetch_flow(node_ids, source)
 
     def _count(self, **amounts: int) -> None:
         with self._lock:
@@ -687,11 +699,13 @@ def _related_id(node: BaseNode, direction: int) -> str | None:
     return getattr(relation, "node_id", None)  # a list of relations is no chain: ignored
 
 
-def _walk_neighbours(anchors: Sequence[BaseNode], window: int) -> _NeighbourWalk:
+def _walk_neighbours(
+    anchors: Sequence[BaseNode], window: int, fetch: Callable[[list[str]], Flow[dict[str, BaseNode]]]
+) -> Flow[dict[str, list[BaseNode]]]:
     """Follow PREVIOUS/NEXT up to ``window`` steps from every anchor, one look-up per step.
 
-    A generator: it yields the node ids it needs and receives ``{id: node}``; it returns each anchor's
-    neighbours ordered -1, +1, -2, +2... (the order of the embedded store's window)."""
+    A flow: each step's look-up is ``fetch(node ids)``, a flow giving ``{id: node}``; it returns each
+    anchor's neighbours ordered -1, +1, -2, +2... (the order of the embedded store's window)."""
     cache: dict[str, BaseNode] = {a.node_id: a for a in anchors}
     tips: dict[tuple[str, int], BaseNode] = {(a.node_id, d): a for a in anchors for d in (-1, 1)}
     at: dict[str, dict[int, BaseNode]] = {a.node_id: {} for a in anchors}
@@ -699,7 +713,7 @@ def _walk_neighbours(anchors: Sequence[BaseNode], window: int) -> _NeighbourWalk
         wanted = {key: rid for key, node in tips.items() if (rid := _related_id(node, key[1])) is not None}
         missing = sorted({rid for rid in wanted.values() if rid not in cache})
         if missing:
-            cache.update((yield missing))
+            cache.update((yield from fetch(missing)))
         tips = {}
         for (anchor, direction), rid in wanted.items():
             if rid in cache:
@@ -709,21 +723,3 @@ def _walk_neighbours(anchors: Sequence[BaseNode], window: int) -> _NeighbourWalk
             break
     order = [d * s for s in range(1, window + 1) for d in (-1, 1)]
     return {anchor: [found[o] for o in order if o in found] for anchor, found in at.items()}
-
-
-def _run_walk(walk: _NeighbourWalk, fetch: Callable[[list[str]], dict[str, BaseNode]]) -> dict[str, list[BaseNode]]:
-    try:
-        wanted = next(walk)
-        while True:
-            wanted = walk.send(fetch(wanted))
-    except StopIteration as stop:
-        return stop.value
-
-
-async def _arun_walk(walk: _NeighbourWalk, fetch: Callable[[list[str]], Any]) -> dict[str, list[BaseNode]]:
-    try:
-        wanted = next(walk)
-        while True:
-            wanted = walk.send(await fetch(wanted))
-    except StopIteration as stop:
-        return stop.value

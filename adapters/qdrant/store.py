@@ -38,6 +38,10 @@ Hybrid. With ``sparse_vector=`` (a sparse vector of the collection holding BM25 
 scope filter, fused by reciprocal rank in the same ``query_batch_points`` call, as
 :class:`pgr_core.edge.EdgeStore` does with ``hybrid=True``; writes add the BM25 document encoding.
 BM25 is computed in-process by ``qdrant_edge.Bm25`` (qdrant-edge-py).
+
+Sync and async. Each method that calls the client is written once, as a flow (:mod:`pgr_adapters._flows`)
+that yields the client calls it needs by name (``_Call``); one driver makes them on a ``QdrantClient``,
+the other awaits them on an ``AsyncQdrantClient``, so the sync and async methods never copy each other.
 """
 
 from __future__ import annotations
@@ -47,11 +51,12 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, cast
+from functools import partial
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 from qdrant_client import AsyncQdrantClient, QdrantClient
@@ -65,9 +70,12 @@ from pgr_core.errors import ConfigurationError, InvalidArgumentError, PGRError, 
 from pgr_core.store import Store, validate_probes
 from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams, owner_fields
 
+from .._flows import Flow, adrive, drive
+
 __all__ = ["DEFAULT_SCOPE_FIELDS", "TEXT_KEYS", "CollectionLayout", "QdrantStore"]
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: pgr scope field -> payload key; mem0 stores its owner ids under these very names.
 DEFAULT_SCOPE_FIELDS: Mapping[str, str] = {"user_id": "user_id", "agent_id": "agent_id", "run_id": "run_id"}
@@ -219,14 +227,6 @@ class QdrantStore(Store):
     def __repr__(self) -> str:
         return f"QdrantStore(collection={self.collection!r}, layout={self._layout!r})"
 
-    @property
-    def _sync(self) -> QdrantClient:
-        return cast(QdrantClient, self.client)
-
-    @property
-    def _aio(self) -> AsyncQdrantClient:
-        return cast(AsyncQdrantClient, self.client)
-
     # ================================================================== the collection's layout
 
     @property
@@ -240,21 +240,25 @@ class QdrantStore(Store):
 
     def inspect(self) -> CollectionLayout:
         """Read the collection's config and a sample of points; returns (and keeps) the layout."""
-        if self._async:
-            return self._blocking(self.ainspect())
-        with self._backend("reading the collection"):
-            info = self._sync.get_collection(self.collection)
-            records, _ = self._sync.scroll(self.collection, limit=_SAMPLE, with_payload=True)
-        return self._set_layout(self._read_layout(info, records))
+        return self._run(self._inspect_flow())
 
     async def ainspect(self) -> CollectionLayout:
         """Async twin of :meth:`inspect`."""
-        if not self._async:
-            return await asyncio.to_thread(self.inspect)
-        async with self._abackend("reading the collection"):
-            info = await self._aio.get_collection(self.collection)
-            records, _ = await self._aio.scroll(self.collection, limit=_SAMPLE, with_payload=True)
+        return await self._arun(self._inspect_flow())
+
+    def _inspect_flow(self) -> Flow[CollectionLayout]:
+        with self._backend("reading the collection"):
+            info = yield _Call.of("get_collection", self.collection)
+            records, _ = yield _Call.of("scroll", self.collection, limit=_SAMPLE, with_payload=True)
         return self._set_layout(self._read_layout(info, records))
+
+    def _layout_flow(self) -> Flow[CollectionLayout]:
+        """The layout to search and read by: the one kept, read again while the collection was empty."""
+        return self._known_layout() or (yield from self._inspect_flow())
+
+    def _known_layout(self) -> CollectionLayout | None:
+        """The layout kept, unless it is of a collection that was empty (no text key yet) or not read."""
+        return self._layout if self._layout is not None and self._layout.text_key is not None else None
 
     def _read_layout(self, info: Any, records: Sequence[Any]) -> CollectionLayout:
         vector_name, params = self._pick_vector(info.config.params.vectors)
@@ -377,39 +381,28 @@ class QdrantStore(Store):
     def search_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
         """One embedding call and one ``query_batch_points`` call for every probe (plus one ``scroll``
         for the neighbours when ``params.window`` > 0 and the collection keeps turn order)."""
-        if self._async:
-            return self._blocking(self.asearch_batch(probes, scope=scope, params=params))
-        probes, scope, condition = self._prepare(probes, scope)
-        if not probes:
-            return []
-        layout = self._layout if self._layout and self._layout.text_key else self.inspect()
-        if layout.text_key is None:  # still empty
-            return [[] for _ in probes]
-        requests = self._requests(probes, self.embedder.embed(probes), condition, params)
-        with self._backend("query_batch_points"):
-            responses = self._sync.query_batch_points(self.collection, requests=requests)
-        direct = self._direct(responses, scope)
-        neighbours = self._neighbour_filter(direct, condition, params.window)
-        records = self._scroll_all(*neighbours, what="scroll (window)") if neighbours is not None else []
-        return self._assemble(direct, records, params.window if neighbours else 0, scope)
+        return self._run(self._search_flow(probes, scope, params))
 
     async def asearch_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
         """Async twin of :meth:`search_batch`: native with an ``AsyncQdrantClient``, a thread otherwise."""
-        if not self._async:
-            return await asyncio.to_thread(self.search_batch, probes, scope=scope, params=params)
+        return await self._arun(self._search_flow(probes, scope, params))
+
+    def _search_flow(self, probes: Sequence[str], scope: Scope, params: SearchParams) -> Flow[list[list[Hit]]]:
         probes, scope, condition = self._prepare(probes, scope)
         if not probes:
             return []
-        layout = self._layout if self._layout and self._layout.text_key else await self.ainspect()
-        if layout.text_key is None:
+        layout = yield from self._layout_flow()
+        if layout.text_key is None:  # still empty
             return [[] for _ in probes]
-        vectors = await asyncio.to_thread(self.embedder.embed, probes)
+        vectors = yield _Work(self.embedder.embed, (probes,))
         requests = self._requests(probes, vectors, condition, params)
-        async with self._abackend("query_batch_points"):
-            responses = await self._aio.query_batch_points(self.collection, requests=requests)
+        with self._backend("query_batch_points"):
+            responses = yield _Call.of("query_batch_points", self.collection, requests=requests)
         direct = self._direct(responses, scope)
         neighbours = self._neighbour_filter(direct, condition, params.window)
-        records = await self._ascroll_all(*neighbours, what="scroll (window)") if neighbours is not None else []
+        records = []
+        if neighbours is not None:
+            records = yield from self._scroll_flow(*neighbours, what="scroll (window)")
         return self._assemble(direct, records, params.window if neighbours else 0, scope)
 
     # -- facts by id, and the window of given hits (what pgr_core.Anticipating asks of a store)
@@ -426,7 +419,7 @@ class QdrantStore(Store):
         condition = self.scope_conditions(scope)
         if not wanted:
             return {}
-        layout = self._layout if self._layout and self._layout.text_key else self.inspect()
+        layout = self._known_layout() or self.inspect()
         if layout.text_key is None:  # an empty collection
             return {}
         by_id = qm.Filter(
@@ -436,11 +429,7 @@ class QdrantStore(Store):
             ]
         )
         flt = qm.Filter(must=[*condition, by_id])
-        limit = max(64, 2 * len(wanted))
-        if self._async:
-            records = self._blocking(self._ascroll_all(flt, limit, what="scroll (facts by id)"))
-        else:
-            records = self._scroll_all(flt, limit, what="scroll (facts by id)")
+        records = self._run(self._scroll_flow(flt, max(64, 2 * len(wanted)), what="scroll (facts by id)"))
         found: dict[str, Fact] = {}
         for record in self._visible(records, scope):
             fact = self.fact_from_payload(record.id, record.payload or {})
@@ -458,14 +447,11 @@ class QdrantStore(Store):
         fact to show, and is left out too."""
         scope = Scope.coerce(scope)
         condition = self.scope_conditions(scope)
-        layout = self._layout if self._layout and self._layout.text_key else self.inspect()
+        layout = self._known_layout() or self.inspect()
         if layout.text_key is None:  # an empty collection
             return []
         flt = qm.Filter(must=list(condition))
-        if self._async:
-            records = self._blocking(self._ascroll_all(flt, _LIST_PAGE, what="scroll (facts of a scope)"))
-        else:
-            records = self._scroll_all(flt, _LIST_PAGE, what="scroll (facts of a scope)")
+        records = self._run(self._scroll_flow(flt, _LIST_PAGE, what="scroll (facts of a scope)"))
         found: dict[str, Fact] = {}
         for record in self._visible(records, scope):
             fact = self.fact_from_payload(record.id, record.payload or {})
@@ -494,37 +480,21 @@ class QdrantStore(Store):
         neighbours = self._neighbour_filter([found + as_int], condition, window)
         if neighbours is None:
             return {}
-        if self._async:
-            records = self._blocking(self._ascroll_all(*neighbours, what="scroll (window)"))
-        else:
-            records = self._scroll_all(*neighbours, what="scroll (window)")
+        records = self._run(self._scroll_flow(*neighbours, what="scroll (window)"))
         out: dict[str, list[Hit]] = {}
         for hit in self._assemble([found], records, window, scope)[0]:
             if hit.neighbour_of is not None:
                 out.setdefault(hit.neighbour_of, []).append(hit)
         return out
 
-    def _scroll_all(self, flt: qm.Filter, limit: int, *, what: str) -> list[Any]:
+    def _scroll_flow(self, flt: qm.Filter, limit: int, *, what: str) -> Flow[list[Any]]:
         """Every point ``flt`` matches, with payloads: one ``scroll`` page unless more match."""
         records: list[Any] = []
         offset = None
         with self._backend(what):
             while True:
-                page, offset = self._sync.scroll(
-                    self.collection, scroll_filter=flt, limit=limit, offset=offset, with_payload=True
-                )
-                records.extend(page)
-                if offset is None:
-                    return records
-
-    async def _ascroll_all(self, flt: qm.Filter, limit: int, *, what: str) -> list[Any]:
-        """Async twin of :meth:`_scroll_all`."""
-        records: list[Any] = []
-        offset = None
-        async with self._abackend(what):
-            while True:
-                page, offset = await self._aio.scroll(
-                    self.collection, scroll_filter=flt, limit=limit, offset=offset, with_payload=True
+                page, offset = yield _Call.of(
+                    "scroll", self.collection, scroll_filter=flt, limit=limit, offset=offset, with_payload=True
                 )
                 records.extend(page)
                 if offset is None:
@@ -768,45 +738,28 @@ class QdrantStore(Store):
         Qdrant's ``update_filter`` (its scope fields), so a write racing another user's for one id skips
         that point rather than replace it.
         """
-        if self._async:
-            return self._blocking(self.aupsert_facts(facts))
+        return self._run(self._upsert_flow(facts))
+
+    async def aupsert_facts(self, facts: Sequence[Fact]) -> list[str]:
+        """Async twin of :meth:`upsert_facts`."""
+        return await self._arun(self._upsert_flow(facts))
+
+    def _upsert_flow(self, facts: Sequence[Fact]) -> Flow[list[str]]:
         batch = self._check_facts(facts)
-        layout = self._layout or self.inspect()
+        layout = self._layout or (yield from self._inspect_flow())
         if not batch:
             return []
         with self._backend("retrieve (owners of the ids)"):
-            held = self._sync.retrieve(
-                self.collection, ids=_unique_point_ids(batch), with_payload=True, with_vectors=False
+            held = yield _Call.of(
+                "retrieve", self.collection, ids=_unique_point_ids(batch), with_payload=True, with_vectors=False
             )
         self._check_owners(batch, held)
-        points = self._points(batch, layout)
+        points = yield _Work(self._points, (batch, layout))
         with self._backend("upsert"):
             for guard, group in self._by_owner(batch, points):
                 for start in range(0, len(group), _UPSERT_CHUNK):
                     chunk = group[start : start + _UPSERT_CHUNK]
-                    self._sync.upsert(self.collection, points=chunk, wait=True, update_filter=guard)
-        self._after_write(batch, layout)
-        return [f.id for f in batch]
-
-    async def aupsert_facts(self, facts: Sequence[Fact]) -> list[str]:
-        """Async twin of :meth:`upsert_facts`."""
-        if not self._async:
-            return await asyncio.to_thread(self.upsert_facts, facts)
-        batch = self._check_facts(facts)
-        layout = self._layout or await self.ainspect()
-        if not batch:
-            return []
-        async with self._abackend("retrieve (owners of the ids)"):
-            held = await self._aio.retrieve(
-                self.collection, ids=_unique_point_ids(batch), with_payload=True, with_vectors=False
-            )
-        self._check_owners(batch, held)
-        points = await asyncio.to_thread(self._points, batch, layout)
-        async with self._abackend("upsert"):
-            for guard, group in self._by_owner(batch, points):
-                for start in range(0, len(group), _UPSERT_CHUNK):
-                    chunk = group[start : start + _UPSERT_CHUNK]
-                    await self._aio.upsert(self.collection, points=chunk, wait=True, update_filter=guard)
+                    yield _Call.of("upsert", self.collection, points=chunk, wait=True, update_filter=guard)
         self._after_write(batch, layout)
         return [f.id for f in batch]
 
@@ -950,35 +903,10 @@ class QdrantStore(Store):
         >>> store = QdrantStore.create_collection(QdrantClient(":memory:"), "memories", 384,
         ...                                       embedder=MiniLMEmbedder())  # doctest: +SKIP
         """
-        if isinstance(client, AsyncQdrantClient):
-            if not isinstance(getattr(client, "_client", None), AsyncQdrantLocal):
-                raise ConfigurationError(
-                    "with a remote AsyncQdrantClient, use: await QdrantStore.acreate_collection(...)"
-                )
-            return _run_in_thread(
-                cls.acreate_collection(
-                    client,
-                    name,
-                    dim,
-                    embedder=embedder,
-                    vector_name=vector_name,
-                    distance=distance,
-                    payload_indexes=payload_indexes,
-                    **store_options,
-                )
-            )
-        vectors, indexes = cls._collection_spec(client, name, dim, embedder, vector_name, distance, store_options)
-        sparse = cls._sparse_spec(store_options)
-        with _mapped(f"creating collection {name!r}"):
-            if client.collection_exists(name):
-                raise ConfigurationError(
-                    f"collection {name!r} exists already: wrap it with QdrantStore(client, {name!r}, embedder=...)"
-                )
-            client.create_collection(name, vectors_config=vectors, sparse_vectors_config=sparse)
-            if payload_indexes and not isinstance(getattr(client, "_client", None), QdrantLocal):
-                for key, schema in indexes:
-                    client.create_payload_index(name, field_name=key, field_schema=schema)
-        return cls(client, name, embedder=embedder, vector_name=vector_name, **cls._store_defaults(store_options))
+        if isinstance(client, AsyncQdrantClient) and not isinstance(getattr(client, "_client", None), AsyncQdrantLocal):
+            raise ConfigurationError("with a remote AsyncQdrantClient, use: await QdrantStore.acreate_collection(...)")
+        spec = _NewCollection(name, dim, embedder, vector_name, distance, payload_indexes, store_options)
+        return _run_blocking(cls._create_flow(client, spec), client)
 
     @classmethod
     async def acreate_collection(
@@ -994,32 +922,30 @@ class QdrantStore(Store):
         **store_options: Any,
     ) -> QdrantStore:
         """Async twin of :meth:`create_collection`."""
-        if isinstance(client, QdrantClient):
-            return await asyncio.to_thread(
-                cls.create_collection,
-                client,
-                name,
-                dim,
-                embedder=embedder,
-                vector_name=vector_name,
-                distance=distance,
-                payload_indexes=payload_indexes,
-                **store_options,
-            )
-        vectors, indexes = cls._collection_spec(client, name, dim, embedder, vector_name, distance, store_options)
-        sparse = cls._sparse_spec(store_options)
+        spec = _NewCollection(name, dim, embedder, vector_name, distance, payload_indexes, store_options)
+        return await _run_awaited(cls._create_flow(client, spec), client)
+
+    @classmethod
+    def _create_flow(cls, client: QdrantClient | AsyncQdrantClient, spec: _NewCollection) -> Flow[QdrantStore]:
+        name, options = spec.name, spec.store_options
+        vectors, indexes = cls._collection_spec(
+            client, name, spec.dim, spec.embedder, spec.vector_name, spec.distance, options
+        )
+        sparse = cls._sparse_spec(options)
         with _mapped(f"creating collection {name!r}"):
-            if await client.collection_exists(name):
+            if (yield _Call.of("collection_exists", name)):
                 raise ConfigurationError(
                     f"collection {name!r} exists already: wrap it with QdrantStore(client, {name!r}, embedder=...)"
                 )
-            await client.create_collection(name, vectors_config=vectors, sparse_vectors_config=sparse)
-            if payload_indexes and not isinstance(getattr(client, "_client", None), AsyncQdrantLocal):
+            yield _Call.of("create_collection", name, vectors_config=vectors, sparse_vectors_config=sparse)
+            if spec.payload_indexes and not isinstance(
+                getattr(client, "_client", None), QdrantLocal | AsyncQdrantLocal
+            ):
                 for key, schema in indexes:
-                    await client.create_payload_index(name, field_name=key, field_schema=schema)
-        store = cls(client, name, embedder=embedder, vector_name=vector_name, **cls._store_defaults(store_options))
-        if store._layout is None:
-            await store.ainspect()
+                    yield _Call.of("create_payload_index", name, field_name=key, field_schema=schema)
+        store = cls(client, name, embedder=spec.embedder, vector_name=spec.vector_name, **cls._store_defaults(options))
+        if store._layout is None:  # a remote async client: read on this flow's calls
+            yield from store._inspect_flow()
         return store
 
     @staticmethod
@@ -1065,17 +991,30 @@ class QdrantStore(Store):
 
     # ================================================================== the backend boundary
 
+    def _run(self, flow: Flow[_T]) -> _T:
+        """Drive a flow from the sync API (:func:`_run_blocking`); a remote async client is refused first."""
+        if self._async and not self._local:
+            flow.close()
+            raise ConfigurationError(
+                "this QdrantStore holds a remote AsyncQdrantClient, whose connections belong to the event "
+                "loop that opened them: use the async API (PGR.aretrieve, asearch_batch, aupsert_facts), "
+                "or pass a QdrantClient for sync calls"
+            )
+        return _run_blocking(flow, self.client)
+
+    async def _arun(self, flow: Flow[_T]) -> _T:
+        """Drive a flow from the async API (:func:`_run_awaited`)."""
+        return await _run_awaited(flow, self.client)
+
     @contextmanager
     def _backend(self, what: str) -> Iterator[None]:
+        """Inside a flow, around its ``yield`` of a client call: the client's failure as a StoreError."""
         try:
             yield
         except PGRError:
             raise
         except Exception as exc:
             raise StoreError(self._failure(what, exc)) from exc
-
-    def _abackend(self, what: str) -> Any:
-        return _AsyncMapped(self, what)
 
     def _failure(self, what: str, exc: BaseException) -> str:
         text = str(exc).lower()
@@ -1086,31 +1025,72 @@ class QdrantStore(Store):
             )
         return f"Qdrant {what} on collection {self.collection!r} failed: {type(exc).__name__}: {exc}"
 
-    def _blocking(self, coro: Any) -> Any:
-        """Run a coroutine of the async client to completion from sync code (local clients only)."""
-        if not self._local:
-            coro.close()
-            raise ConfigurationError(
-                "this QdrantStore holds a remote AsyncQdrantClient, whose connections belong to the event "
-                "loop that opened them: use the async API (PGR.aretrieve, asearch_batch, aupsert_facts), "
-                "or pass a QdrantClient for sync calls"
-            )
-        return _run_in_thread(coro)
+
+# ====================================================================== one flow, two drivers
 
 
-class _AsyncMapped:
-    """``async with`` form of :meth:`QdrantStore._backend`."""
+@dataclass(frozen=True)
+class _Call:
+    """One call of the Qdrant client, by method name: ``QdrantClient`` and ``AsyncQdrantClient`` share
+    their methods' names and arguments, so a flow says what to call and the driver how."""
 
-    def __init__(self, store: QdrantStore, what: str) -> None:
-        self.store, self.what = store, what
+    method: str
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
 
-    async def __aenter__(self) -> None:
-        return None
+    @classmethod
+    def of(cls, method: str, *args: Any, **kwargs: Any) -> _Call:
+        return cls(method, args, kwargs)
 
-    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is None or isinstance(exc, PGRError) or not isinstance(exc, Exception):
-            return False
-        raise StoreError(self.store._failure(self.what, exc)) from exc
+
+@dataclass(frozen=True)
+class _Work:
+    """Blocking work of pgr's own inside a flow (embedding): done in place with a sync client, in a
+    worker thread with an async one, so it never holds up the event loop."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class _NewCollection:
+    """What :meth:`QdrantStore.create_collection` was asked for."""
+
+    name: str
+    dim: int
+    embedder: Embedder
+    vector_name: str | None
+    distance: str
+    payload_indexes: bool
+    store_options: dict[str, Any]
+
+
+def _run_blocking(flow: Flow[_T], client: QdrantClient | AsyncQdrantClient) -> _T:
+    """A flow run from the sync API: blocking calls on a ``QdrantClient``; on a (local)
+    ``AsyncQdrantClient``, awaited on a private event loop in a worker thread."""
+    if isinstance(client, AsyncQdrantClient):
+        return cast(_T, _run_in_thread(adrive(flow, partial(_aperform, client))))
+    return drive(flow, partial(_perform, client))
+
+
+async def _run_awaited(flow: Flow[_T], client: QdrantClient | AsyncQdrantClient) -> _T:
+    """A flow run from the async API: awaited calls on an ``AsyncQdrantClient``; with a
+    ``QdrantClient``, the blocking driver in a worker thread."""
+    if isinstance(client, AsyncQdrantClient):
+        return await adrive(flow, partial(_aperform, client))
+    return await asyncio.to_thread(drive, flow, partial(_perform, client))
+
+
+def _perform(client: QdrantClient, effect: _Call | _Work) -> Any:
+    if isinstance(effect, _Work):
+        return effect.fn(*effect.args)
+    return getattr(client, effect.method)(*effect.args, **effect.kwargs)
+
+
+async def _aperform(client: AsyncQdrantClient, effect: _Call | _Work) -> Any:
+    if isinstance(effect, _Work):
+        return await asyncio.to_thread(effect.fn, *effect.args)
+    return await getattr(client, effect.method)(*effect.args, **effect.kwargs)
 
 
 @contextmanager

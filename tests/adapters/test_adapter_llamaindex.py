@@ -54,6 +54,7 @@ from pgr_core.errors import (
     InvalidArgumentError,
     LLMTimeoutError,
     ScopeError,
+    StoreError,
 )
 from pgr_core.testing import CUE_BACKFILL_NOTES, CUE_BACKFILL_OTHER, cue_llm
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus
@@ -670,6 +671,33 @@ def test_async_runs_the_probes_of_a_round_concurrently() -> None:
     assert len(hits) == 6 and all([h.fact.id for h in lst] == ["x1"] for lst in hits)
     assert retriever.calls == 6 and store.retriever_calls == 6
     assert retriever.most_in_flight == 3  # concurrent, and capped by max_concurrency
+
+
+def test_a_failing_retrieve_names_its_probe_through_either_api() -> None:
+    store = RetrieverStore(FailingRetriever(), single_tenant_scope=ALICE)
+    with pytest.raises(StoreError, match="FailingRetriever failed to retrieve for probe 0: vector database") as sync:
+        store.search_batch(["a", "b"], scope=ALICE, params=SearchParams())
+    with pytest.raises(StoreError, match="FailingRetriever failed to retrieve for probe") as awaited:
+        asyncio.run(store.asearch_batch(["a", "b"], scope=ALICE, params=SearchParams()))
+    assert isinstance(sync.value.__cause__, ConnectionError) and isinstance(awaited.value.__cause__, ConnectionError)
+
+
+def test_sync_and_async_searches_count_the_same_calls_and_give_the_same_hits(
+    build_index: Callable[[Sequence[Fact]], VectorStoreIndex],
+) -> None:
+    """One flow for both APIs: the same retrieve calls, docstore look-ups and embedding batches."""
+    index = build_index(conformance_corpus())
+    sync_store, async_store = RetrieverStore(index, batch_embed=True), RetrieverStore(index, batch_embed=True)
+    params = SearchParams(top_k=2, min_score=0.0, window=1)
+    probes = ["knee injury", "bus and the car", "bookkeeping class"]
+    got = sync_store.search_batch(probes, scope=ALICE, params=params)
+    agot = asyncio.run(async_store.asearch_batch(probes, scope=ALICE, params=params))
+    assert [[(h.fact, h.neighbour_of) for h in hits] for hits in got] == [
+        [(h.fact, h.neighbour_of) for h in hits] for hits in agot
+    ]
+    assert any(h.neighbour_of for hits in got for h in hits)
+    counts = [(s.retriever_calls, s.neighbour_lookups, s.embed_batches) for s in (sync_store, async_store)]
+    assert counts[0] == counts[1] == (3, 1, 1)
 
 
 def test_batch_embed_embeds_a_rounds_probes_in_one_call(index: VectorStoreIndex, monkeypatch: Any) -> None:

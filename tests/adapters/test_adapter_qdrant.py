@@ -207,6 +207,60 @@ class TestQdrantAsyncLocal(StoreConformance):
         assert "a0" in result.ids
 
 
+def _recording(client, calls: list[str]):
+    """Record the name of every client method called on ``client`` (sync or async), then call it."""
+    for name in ("get_collection", "scroll", "query_batch_points", "retrieve", "upsert", "collection_exists",
+                 "create_collection", "create_payload_index"):  # fmt: skip
+        real = getattr(client, name)
+        if asyncio.iscoroutinefunction(real):
+
+            async def wrapper(*args, _real=real, _name=name, **kwargs):
+                calls.append(_name)
+                return await _real(*args, **kwargs)
+        else:
+
+            def wrapper(*args, _real=real, _name=name, **kwargs):
+                calls.append(_name)
+                return _real(*args, **kwargs)
+
+        setattr(client, name, wrapper)
+    return client
+
+
+def test_the_sync_and_async_apis_make_the_same_client_calls_and_give_the_same_results():
+    """One flow per method: a QdrantClient called blocking and an AsyncQdrantClient awaited see the
+    same calls, in the same order, and the results are the same."""
+    sync_calls: list[str] = []
+    async_calls: list[str] = []
+    embedder = HashingEmbedder(HASH_DIM)
+    sync_store = QdrantStore.create_collection(
+        _recording(QdrantClient(":memory:"), sync_calls), "facts", HASH_DIM, embedder=embedder
+    )
+
+    async def make_async():
+        client = _recording(AsyncQdrantClient(":memory:"), async_calls)
+        return await QdrantStore.acreate_collection(client, "facts", HASH_DIM, embedder=embedder)
+
+    async_store = asyncio.run(make_async())
+    assert sync_calls == async_calls == ["collection_exists", "create_collection", "get_collection", "scroll"]
+
+    facts = conformance_corpus()
+    sync_calls.clear()
+    async_calls.clear()
+    assert sync_store.upsert_facts(facts) == asyncio.run(async_store.aupsert_facts(facts))
+    assert sync_calls == async_calls and sync_calls[0] == "retrieve" and "upsert" in sync_calls
+
+    params = SearchParams(top_k=3, min_score=0.0, window=1)
+    probes = ["knee injury and the physio", "bus", "money"]
+    sync_calls.clear()
+    async_calls.clear()
+    got = sync_store.search_batch(probes, scope=ALICE, params=params)
+    agot = asyncio.run(async_store.asearch_batch(probes, scope=ALICE, params=params))
+    assert _ranking(got) == _ranking(agot) and any(h.neighbour_of for hits in got for h in hits)
+    assert [[h.fact for h in hits] for hits in got] == [[h.fact for h in hits] for hits in agot]
+    assert sync_calls == async_calls == ["query_batch_points", "scroll"]
+
+
 # ====================================================================== through Anticipating: facts by id
 
 
