@@ -61,14 +61,16 @@ def test_adapter_examples_in_the_readme_are_the_ones_their_tests_run(adapter: st
     import ast
 
     source = (README.parent / "tests" / "adapters" / f"test_adapter_{adapter}.py").read_text(encoding="utf-8")
-    example = next(
+    examples = [
         node.value.value
         for node in ast.parse(source).body
         if isinstance(node, ast.Assign)
-        and any(isinstance(t, ast.Name) and t.id == "README_EXAMPLE" for t in node.targets)
+        and any(isinstance(t, ast.Name) and re.fullmatch(r"README_(\w+_)?EXAMPLE", t.id) for t in node.targets)
         and isinstance(node.value, ast.Constant)
-    )
-    assert example.strip() in README.read_text(encoding="utf-8")
+    ]
+    assert examples, f"tests/adapters/test_adapter_{adapter}.py runs no README example"
+    for example in examples:  # README_EXAMPLE, and any other block the README shows (README_LAYOUT_EXAMPLE)
+        assert example.strip() in README.read_text(encoding="utf-8")
 
 
 def test_readme_anticipating_example(
