@@ -315,8 +315,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     print("plugins:")
     for name, usable, note in registry.status():
         print(f"  {name:<12} {'usable' if usable else 'NOT usable'}{'  (' + note + ')' if note else ''}")
-    for kind in ("stores", "llms", "embedders"):
-        print(f"{kind}: " + ", ".join(sorted(getattr(registry, kind))))
+    for kind in ("stores", "llms", "embedders", "baselines"):
+        print(f"{kind}: " + (", ".join(sorted(getattr(registry, kind))) or "(none)"))
     return 0
 
 

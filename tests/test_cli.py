@@ -97,6 +97,9 @@ def test_plugins_lists_the_builtin_store(capsys: pytest.CaptureFixture[str]) -> 
     stores = next(line for line in out.splitlines() if line.startswith("stores: "))
     assert "memory" in stores.split(": ")[1].split(", ")
     assert "openai" in out and "minilm" in out
+    baselines = next(line for line in out.splitlines() if line.startswith("baselines: "))
+    stores = next(line for line in out.splitlines() if line.startswith("stores: "))
+    assert ("mem0" in baselines) == ("mem0" in stores)  # the mem0 plugin registers both
     assert any(line.split()[:2] == ["memory", "usable"] for line in out.splitlines())
     # installed adapters are listed with whether their framework is importable here
     for line in out.splitlines():
