@@ -8,7 +8,6 @@ wrap other frameworks' models behind the same protocol.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import json
 import os
@@ -510,7 +509,20 @@ def _within(seconds: float, call: Callable[[], Completion], late: LLMTimeoutErro
     raise value
 
 
-class OpenAICompatible(LLM):
+@dataclass(frozen=True)
+class _Exchange:
+    """One HTTP attempt, as :meth:`OpenAICompatible._call` asks for it."""
+
+    request: Request
+    kwargs: dict[str, Any]  # the arguments of openai's chat.completions.create
+    body: _Body  # reads the reply: at most max_reply_bytes, and only until `bound` has passed
+    bound: float  # seconds the exchange may take, headers and body
+    late: LLMTimeoutError  # raised when it takes longer
+    left: float | None  # seconds left of the whole call: the longest wait for a free slot (None: no bound)
+    started: float  # when the call began (time.perf_counter())
+
+
+class OpenAICompatible(_FlowLLM):
     """Any OpenAI-compatible chat server, through the ``openai`` package.
 
     Structured output: ``structured="auto"`` asks for ``{"type": "json_schema", ...}`` first and, when
@@ -628,20 +640,14 @@ class OpenAICompatible(LLM):
             return "none"
         return "json_schema" if self.structured == "auto" else self.structured
 
-    @staticmethod
-    def _request(
-        model: str,
-        messages: Sequence[Message],
-        schema: Mapping[str, Any] | None,
-        mode: str,
-        max_tokens: int,
-        temperature: float,
-    ) -> dict[str, Any]:
+    def _request(self, request: Request, mode: str) -> dict[str, Any]:
+        """openai's ``chat.completions.create`` arguments for ``request``, its schema sent in ``mode``."""
+        schema = request.schema
         kwargs: dict[str, Any] = {
-            "model": model,
-            "messages": [dict(m) for m in messages],
-            "max_tokens": max_tokens,
-            "temperature": temperature,
+            "model": self.model or "",
+            "messages": [dict(m) for m in request.messages],
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
         }
         if mode == "json_schema" and schema is not None:
             kwargs["response_format"] = {
@@ -689,8 +695,9 @@ class OpenAICompatible(LLM):
             return mode, self._retry_delay(exc, attempt)
         return mode, None
 
-    def _completion(self, body: str, messages: Sequence[Message], started: float, max_tokens: int) -> Completion:
+    def _completion(self, body: str, request: Request, started: float) -> Completion:
         """The chat completion in a body, its shape checked (the envelope is as untrusted as the text)."""
+        messages, max_tokens = request.messages, request.max_tokens
         try:
             data = _loads(body, max_chars=len(body), max_depth=MAX_JSON_DEPTH, what="the server's reply")
         except LLMOutputError as exc:
@@ -722,23 +729,36 @@ class OpenAICompatible(LLM):
         )
 
     # -- one HTTP exchange: the body streamed through a _Body, sync and async
-    def _exchange(self, kwargs: dict[str, Any], body: _Body, messages: Sequence[Message], started: float) -> Completion:
-        with self._sync_client().chat.completions.with_streaming_response.create(**kwargs) as response:
-            body.expect(response.headers)
+    def _stream(self, exchange: _Exchange) -> Completion:
+        with self._sync_client().chat.completions.with_streaming_response.create(**exchange.kwargs) as response:
+            exchange.body.expect(response.headers)
             for chunk in response.iter_bytes():
-                body.feed(chunk)
-        return self._completion(body.text(), messages, started, kwargs["max_tokens"])
+                exchange.body.feed(chunk)
+        return self._completion(exchange.body.text(), exchange.request, exchange.started)
 
-    async def _aexchange(
-        self, client: Any, kwargs: dict[str, Any], body: _Body, messages: Sequence[Message], started: float
-    ) -> Completion:
-        async with client.chat.completions.with_streaming_response.create(**kwargs) as response:
-            body.expect(response.headers)
+    async def _astream(self, client: Any, exchange: _Exchange) -> Completion:
+        async with client.chat.completions.with_streaming_response.create(**exchange.kwargs) as response:
+            exchange.body.expect(response.headers)
             async for chunk in response.iter_bytes():
-                body.feed(chunk)
-        return self._completion(body.text(), messages, started, kwargs["max_tokens"])
+                exchange.body.feed(chunk)
+        return self._completion(exchange.body.text(), exchange.request, exchange.started)
 
-    # -- the protocol
+    # -- the protocol: one flow for complete and acomplete (attempt, switch format or back off, again)
+    def _call(self, request: Request) -> CallFlow:
+        """Attempt; after a failure switch the structured-output format, or back off, and attempt again,
+        until a reply, a final error, or the end of ``request.timeout``."""
+        mode, attempt, started = self._mode_for(request.schema), 0, time.perf_counter()
+        while True:
+            exchange = self._prepare(request, mode, self._time_left(started, request.timeout), started)
+            try:
+                return (yield exchange)
+            except Exception as exc:  # every failure is mapped to an LLMError below
+                failure = exc
+            next_mode, delay = self._next_try(failure, mode, attempt, started, request.timeout)
+            attempt += 0 if next_mode != mode else 1  # a format switch is no retry, Retry-After: 0 is
+            mode = next_mode
+            yield Sleep(delay)
+
     def _time_left(self, started: float, timeout: float | None) -> float | None:
         """Seconds left of a whole-call ``timeout`` (None: no overall bound); raises once none is left."""
         if timeout is None:
@@ -748,23 +768,16 @@ class OpenAICompatible(LLM):
             raise LLMTimeoutError(f"{self.name}: no answer within {timeout:.3g}s")
         return left
 
-    def _attempt(
-        self,
-        messages: Sequence[Message],
-        schema: Mapping[str, Any] | None,
-        mode: str,
-        max_tokens: int,
-        temperature: float,
-        left: float | None,
-        timeout: float | None,
-    ) -> tuple[dict[str, Any], _Body, float, LLMTimeoutError]:
-        """One attempt's request, its body reader, how long it may take, and the error when it does."""
-        kwargs = self._request(self.model or "", messages, schema, mode, max_tokens, temperature)
+    def _prepare(self, request: Request, mode: str, left: float | None, started: float) -> _Exchange:
+        """One attempt: its request, its body reader, how long it may take, and the error when it does."""
+        timeout = request.timeout
+        kwargs = self._request(request, mode)
         bound = self.timeout if left is None else min(left, self.timeout)
         waited = timeout if timeout is not None and left is not None and left <= self.timeout else self.timeout
         kwargs["timeout"] = bound
         body = _Body(self.name, self.max_reply_bytes, time.perf_counter() + bound, waited)
-        return kwargs, body, bound, LLMTimeoutError(f"{self.name}: no answer within {waited:.3g}s")
+        late = LLMTimeoutError(f"{self.name}: no answer within {waited:.3g}s")
+        return _Exchange(request, kwargs, body, bound, late, left, started)
 
     def _next_try(
         self, exc: Exception, mode: str, attempt: int, started: float, timeout: float | None
@@ -779,69 +792,35 @@ class OpenAICompatible(LLM):
             raise self._map_error(exc, timeout) from exc
         return next_mode, delay
 
-    def complete(
-        self,
-        messages: Sequence[Message],
-        *,
-        schema: Mapping[str, Any] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-        timeout: float | None = None,
-    ) -> Completion:
-        mode, attempt, started = self._mode_for(schema), 0, time.perf_counter()
-        while True:
-            left = self._time_left(started, timeout)
-            kwargs, body, bound, late = self._attempt(messages, schema, mode, max_tokens, temperature, left, timeout)
-            if not self._slots.acquire(timeout=left):
-                raise LLMTimeoutError(f"{self.name}: no free request slot within {timeout:.3g}s")
-            exchange = functools.partial(self._exchange, kwargs, body, messages, started)
+    def _no_slot(self, exchange: _Exchange) -> LLMTimeoutError:
+        return LLMTimeoutError(f"{self.name}: no free request slot within {exchange.request.timeout:.3g}s")
 
-            def in_slot(exchange: Callable[[], Completion] = exchange) -> Completion:
-                try:
-                    return exchange()
-                finally:
-                    self._slots.release()  # by the exchange itself: an abandoned one keeps its connection
+    # -- sending one attempt: in a free request slot, bounded whole by its time
+    def _send(self, exchange: _Exchange) -> Completion:
+        if not self._slots.acquire(timeout=exchange.left):
+            raise self._no_slot(exchange)
 
+        def in_slot() -> Completion:
             try:
-                return _within(bound, in_slot, late)
-            except Exception as exc:  # every failure is mapped to an LLMError below
-                failure = exc
-            next_mode, delay = self._next_try(failure, mode, attempt, started, timeout)
-            attempt += 0 if next_mode != mode else 1  # a format switch is no retry, Retry-After: 0 is
-            mode = next_mode
-            time.sleep(delay)
-
-    async def acomplete(
-        self,
-        messages: Sequence[Message],
-        *,
-        schema: Mapping[str, Any] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-        timeout: float | None = None,
-    ) -> Completion:
-        mode, attempt, started = self._mode_for(schema), 0, time.perf_counter()
-        client, slots = self._async_state()
-        while True:
-            left = self._time_left(started, timeout)
-            kwargs, body, bound, late = self._attempt(messages, schema, mode, max_tokens, temperature, left, timeout)
-            try:
-                await asyncio.wait_for(slots.acquire(), left)
-            except TimeoutError:
-                raise LLMTimeoutError(f"{self.name}: no free request slot within {timeout:.3g}s") from None
-            try:
-                async with asyncio.timeout(bound):
-                    return await self._aexchange(client, kwargs, body, messages, started)
-            except TimeoutError:
-                failure: Exception = late
-            except Exception as exc:
-                failure = exc
+                return self._stream(exchange)
             finally:
-                slots.release()
-            next_mode, delay = self._next_try(failure, mode, attempt, started, timeout)
-            attempt += 0 if next_mode != mode else 1  # a format switch is no retry, Retry-After: 0 is
-            mode = next_mode
-            await asyncio.sleep(delay)
+                self._slots.release()  # by the exchange itself: an abandoned one keeps its connection
+
+        return _within(exchange.bound, in_slot, exchange.late)
+
+    async def _asend(self, exchange: _Exchange) -> Completion:
+        client, slots = self._async_state()
+        try:
+            await asyncio.wait_for(slots.acquire(), exchange.left)
+        except TimeoutError:
+            raise self._no_slot(exchange) from None
+        try:
+            async with asyncio.timeout(exchange.bound):
+                return await self._astream(client, exchange)
+        except TimeoutError:
+            raise exchange.late from None
+        finally:
+            slots.release()
 
 
 def llm_from_env(timeout: float | None = None) -> LLM | None:

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import openai  # noqa: F401 - imported up front so no timing below includes the import
 import pytest
@@ -370,6 +371,59 @@ def test_parse_json_without_schema_and_null_optional() -> None:
 
 
 # --------------------------------------------------------------------------- async path
+
+
+def ask(llm: OpenAICompatible, mode: str, **options: Any) -> Completion:
+    """One call through ``complete`` (mode "sync") or ``acomplete`` (mode "async")."""
+    if mode == "sync":
+        return llm.complete(MESSAGES, **options)
+    return asyncio.run(llm.acomplete(MESSAGES, **options))
+
+
+def test_both_apis_walk_the_same_retry_flow(server: LoopbackLLM) -> None:
+    """A format rejection, a 429 with Retry-After, a 503, then a reply: complete and acomplete send the
+    same requests in the same order, wait out the same Retry-After, and give the same completion."""
+
+    def story() -> list[Reply]:
+        return [
+            error(500, "Unsupported response_format type: json_schema"),
+            error(429, "rate limited", {"Retry-After": "0.3"}),
+            error(503, "busy"),
+            ok(REPLY, prompt_tokens=40, completion_tokens=20),
+        ]
+
+    outcomes = []
+    for mode in ("sync", "async"):
+        llm = make_llm(server, structured="auto", max_retries=2)
+        before = server.count
+        server.queue(*story())
+        started = time.perf_counter()
+        reply = ask(llm, mode, schema=SCHEMA)
+        waited = time.perf_counter() - started
+        formats = [b["response_format"]["type"] for b in server.bodies()[before:]]
+        outcomes.append((reply.text, reply.usage, formats, llm.structured))
+        assert waited >= 0.3  # the Retry-After was honoured
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == (
+        REPLY,
+        Usage(40, 20),
+        ["json_schema", "json_object", "json_object", "json_object"],
+        "json_object",
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_retry_after_past_the_call_timeout_ends_the_call_at_once(server: LoopbackLLM, mode: str) -> None:
+    server.queue(error(429, "rate limited", {"Retry-After": "10"}))
+    server.default = ok(REPLY)  # reached only if the client waited
+    llm = make_llm(server, structured="none", max_retries=3)
+
+    started = time.perf_counter()
+    with pytest.raises(LLMStatusError) as info:
+        ask(llm, mode, timeout=2.0)
+
+    assert info.value.status_code == 429 and server.count == 1
+    assert time.perf_counter() - started < 1.5
 
 
 def test_async_falls_back_to_json_object_and_remembers(server: LoopbackLLM) -> None:

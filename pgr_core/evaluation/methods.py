@@ -100,6 +100,13 @@ class Meter(WrappedLLM):
         return self._count(completion, started)
 
 
+def _metered(method: str, llm: LLM | None) -> Meter:
+    """``llm`` behind a :class:`Meter`, for a method that needs one; without one, say how to set it."""
+    if llm is None:
+        raise ConfigurationError(f"{method} needs an LLM: set PGR_LLM_BASE_URL (and PGR_LLM_MODEL)")
+    return Meter(llm)
+
+
 class Method(ABC):
     name: str
     needs_llm = False
@@ -152,9 +159,7 @@ class PGRMethod(Method):
     ) -> None:
         super().__init__(store, **kw)
         if strategy not in ("facet", "none"):
-            if llm is None:
-                raise ConfigurationError(f"pgr-{strategy} needs an LLM: set PGR_LLM_BASE_URL (and PGR_LLM_MODEL)")
-            self.meter: Meter | None = Meter(llm)
+            self.meter: Meter | None = _metered(f"pgr-{strategy}", llm)
             self.needs_llm = True
             self.pgr = PGR(store, llm=self.meter, strategy=strategy, window=self.window, **dict(overrides or {}))
         else:
@@ -224,11 +229,9 @@ class HyDE(Method):
 
     def __init__(self, store: Store, *, llm: LLM | None, depth: int = 200, out_k: int = 35, **kw: Any) -> None:
         super().__init__(store, **kw)
-        if llm is None:
-            raise ConfigurationError("hyde needs an LLM: set PGR_LLM_BASE_URL (and PGR_LLM_MODEL)")
+        self.meter = _metered("hyde", llm)
         from ._llamaindex import hyde_transform
 
-        self.meter = Meter(llm)
         self.transform = hyde_transform(self.meter)
         self.depth = depth
         self.out_k = out_k
@@ -270,11 +273,9 @@ class QueryFusion(Method):
 
     def __init__(self, store: Store, *, llm: LLM | None, num_queries: int = 4, out_k: int = 35, **kw: Any) -> None:
         super().__init__(store, **kw)
-        if llm is None:
-            raise ConfigurationError("query-fusion needs an LLM: set PGR_LLM_BASE_URL (and PGR_LLM_MODEL)")
+        self.meter = _metered("query-fusion", llm)
         from ._llamaindex import fusion_retriever
 
-        self.meter = Meter(llm)
         self.num_queries = num_queries
         self.out_k = out_k
         self._fusion = fusion_retriever
