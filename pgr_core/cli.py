@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ._argtypes import OneLineParser, nonnegative_float, nonnegative_int, positive_int, unit_float
-from ._cli_llm import add_llm_options, llm_from_args
+from ._cli_llm import add_llm_options, llm_from_args, required_llm
 from .embedders import Embedder, HashingEmbedder, MiniLMEmbedder, minilm_available
 from .errors import InvalidArgumentError, PGRError
 from .llm import LLM
@@ -519,7 +519,7 @@ def cmd_memoryquest(args: argparse.Namespace) -> int:
     """Build a MemoryQuest data set from persona profiles (resumable: rerun the same command)."""
     from .evaluation.memoryquest import build_memoryquest
 
-    llm = llm_from_args(args, required="memoryquest build")
+    llm = required_llm(args, "memoryquest build")
     out = build_memoryquest(
         args.personas,
         args.out,

@@ -21,6 +21,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Unpack
 
+from ._timeouts import default_llm_timeout
 from .errors import (
     ConfigurationError,
     InvalidArgumentError,
@@ -530,7 +531,9 @@ class OpenAICompatible(_FlowLLM):
     ...}`` for the rest of the client's life. Errors 408/409/429/5xx are retried with exponential
     backoff (honouring ``Retry-After``), ``max_retries`` times.
 
-    ``timeout`` bounds each attempt, whole: headers and body, however slowly they trickle in. A
+    ``timeout`` bounds each attempt, whole: headers and body, however slowly they trickle in. Left
+    None it is ``PGR_LLM_TIMEOUT``, else 600 s for a server on this machine or the private network and
+    60 s for any other (:func:`~pgr_core._timeouts.default_llm_timeout`). A
     ``timeout=`` passed to :meth:`complete` bounds the whole call (waiting for a free slot, every
     attempt and every backoff): a ``Retry-After`` longer than the time left ends the call at once.
     ``max_concurrency`` (16) bounds the requests in flight, and so the connections in use: across
@@ -553,7 +556,7 @@ class OpenAICompatible(_FlowLLM):
         model: str | None = None,
         api_key: str | None = None,
         *,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         max_retries: int = 2,
         backoff: float = 0.5,
         max_backoff: float = 20.0,
@@ -569,9 +572,11 @@ class OpenAICompatible(_FlowLLM):
             raise InvalidArgumentError(
                 f"structured must be 'auto', 'json_schema', 'json_object' or 'none', got {structured!r}"
             )
+        self.base_url = base_url or os.environ.get("PGR_LLM_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
+        if timeout is None:  # a CPU model on this machine needs minutes, a hosted API seconds
+            timeout = default_llm_timeout(self.base_url)
         if timeout <= 0 or max_retries < 0 or backoff < 0:
             raise InvalidArgumentError("timeout must be > 0, max_retries and backoff >= 0")
-        self.base_url = base_url or os.environ.get("PGR_LLM_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
         self.model = model or os.environ.get("PGR_LLM_MODEL") or os.environ.get("OPENAI_MODEL")
         if not self.model:
             if self.base_url:
@@ -828,13 +833,12 @@ def llm_from_env(timeout: float | None = None) -> LLM | None:
 
     Reads ``PGR_LLM_BASE_URL``, ``PGR_LLM_MODEL``, ``PGR_LLM_API_KEY`` (or OpenAI's ``OPENAI_BASE_URL``,
     ``OPENAI_API_KEY``). ``PGR_LLM=none`` forces no LLM. ``timeout`` (seconds per request) wins over
-    ``PGR_LLM_TIMEOUT`` (default 60), so a command-line ``--llm-timeout`` holds whatever set the URL.
+    ``PGR_LLM_TIMEOUT``, so a command-line ``--llm-timeout`` holds whatever set the URL; with neither,
+    the server decides (600 s on this machine or the private network, 60 s elsewhere).
     """
     if os.environ.get("PGR_LLM", "").lower() == "none":
         return None
     names = ("PGR_LLM_BASE_URL", "PGR_LLM_MODEL", "PGR_LLM_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY")
     if not any(os.environ.get(n) for n in names):
         return None
-    if timeout is None:
-        timeout = float(os.environ.get("PGR_LLM_TIMEOUT", "60"))
     return OpenAICompatible(timeout=timeout)

@@ -264,3 +264,16 @@ def test_retrieve_with_an_llm_prints_progress_per_call_and_round(
     assert any("initial prospection: 1 probe, 20 new facts" in line for line in err.splitlines())
     assert main(_retrieve(demo_store, "--no-llm", "--user", "maya", "--json")) == 0
     assert "waiting for the LLM" not in capsys.readouterr().err  # no LLM, nothing to wait for
+
+
+def test_the_library_client_takes_the_same_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgr_core.llm import OpenAICompatible, llm_from_env
+
+    assert OpenAICompatible(base_url="http://127.0.0.1:8081/v1", model="m").timeout == LOCAL_TIMEOUT_S
+    assert OpenAICompatible(base_url="https://api.example.com/v1", model="m").timeout == REMOTE_TIMEOUT_S
+    assert OpenAICompatible(base_url="http://127.0.0.1:8081/v1", model="m", timeout=5).timeout == 5
+    monkeypatch.setenv("PGR_LLM_BASE_URL", "http://localhost:8000/v1")
+    assert llm_from_env().timeout == LOCAL_TIMEOUT_S  # type: ignore[union-attr]
+    monkeypatch.setenv("PGR_LLM_TIMEOUT", "90")
+    assert llm_from_env().timeout == 90.0  # type: ignore[union-attr]
+    assert OpenAICompatible(model="m").timeout == 90.0
