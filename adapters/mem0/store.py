@@ -34,7 +34,8 @@ import inspect
 import logging
 import threading
 import warnings
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -168,12 +169,10 @@ class Mem0Store(Store):
     # ================================================================== the store hook
 
     def search_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
-        probes = validate_probes(probes)
-        scope = Scope.coerce(scope)
+        probes, scope = self._round_of(probes, scope)
         if not probes:
             return []
-        self._check_scope(scope)
-        try:
+        with self._mapped_errors():
             if self.search_path == "batch":
                 return self._batch_round(probes, scope, params)
             if self.is_async:
@@ -181,22 +180,28 @@ class Mem0Store(Store):
             kwargs = self._search_kwargs(scope, params)
             answers = [self.memory.search(probe, **kwargs) for probe in probes]
             return self._from_answers(probes, answers, scope, params)
-        except (StoreError, InvalidArgumentError):
-            raise
-        except Exception as exc:
-            self._last_error = exc
-            raise StoreError(f"mem0 search failed: {type(exc).__name__}: {exc}") from exc
 
     async def asearch_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
         if not (self.is_async and self.search_path == "search"):
             return await asyncio.to_thread(self.search_batch, probes, scope=scope, params=params)
-        probes = validate_probes(probes)
-        scope = Scope.coerce(scope)
+        probes, scope = self._round_of(probes, scope)
         if not probes:
             return []
-        self._check_scope(scope)
-        try:
+        with self._mapped_errors():
             return await self._asearch_round(probes, scope, params)
+
+    def _round_of(self, probes: Sequence[str], scope: Scope | Mapping[str, str]) -> tuple[list[str], Scope]:
+        """A round's probes checked and its scope one this store can filter on (both APIs)."""
+        checked, owner = validate_probes(probes), Scope.coerce(scope)
+        if checked:
+            self._check_scope(owner)
+        return checked, owner
+
+    @contextmanager
+    def _mapped_errors(self) -> Iterator[None]:
+        """mem0's own failures as StoreError (the last one kept for diagnosis); pgr's pass through."""
+        try:
+            yield
         except (StoreError, InvalidArgumentError):
             raise
         except Exception as exc:
