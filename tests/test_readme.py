@@ -95,3 +95,13 @@ def test_readme_anticipating_example(
     assert f"{fact} | found through: signing up for a 10k race in October" in out
     assert len(llm.calls) == 2  # extraction and cues; the search made none
     assert (tmp_path / "memory.edge" / "cues").is_dir()
+
+
+def test_readme_installs_from_the_clone_never_from_pypi() -> None:
+    """On PyPI the name ``pgr`` is an unrelated placeholder: every install line the README shows is of the
+    clone (``pip install '.[extra]'``), and it says why."""
+    text = README.read_text(encoding="utf-8")
+    installs = re.findall(r"pip install [^`\n]*", text)
+    from_pypi = [line for line in installs if re.search(r"pip install (-U )?'?pgr\b", line)]
+    assert installs and from_pypi == ["pip install pgr"]  # the one line that warns against it
+    assert "so `pip install pgr` does not get you this" in text
