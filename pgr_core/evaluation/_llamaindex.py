@@ -17,6 +17,7 @@ try:
     from llama_index.core.llms import CompletionResponse, CompletionResponseGen, CustomLLM, LLMMetadata
     from llama_index.core.llms.callbacks import llm_completion_callback
     from llama_index.core.retrievers import BaseRetriever, QueryFusionRetriever
+    from llama_index.core.retrievers.fusion_retriever import FUSION_MODES
     from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 except ImportError as exc:  # pragma: no cover - exercised where llama-index-core is absent
     raise ConfigurationError(
@@ -102,7 +103,7 @@ def fusion_retriever(
     fusion = QueryFusionRetriever(
         [base],
         llm=PgrLlamaLLM(llm),
-        mode="reciprocal_rerank",
+        mode=FUSION_MODES.RECIPROCAL_RANK,
         similarity_top_k=out_k,
         num_queries=num_queries,
         use_async=False,

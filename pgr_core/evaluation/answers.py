@@ -82,9 +82,10 @@ def compare_answers(
                     by[(kept["method"], q.id)] = kept
                 answers[name] = kept["text"]
             score = None
-            if answers[first] and answers[second]:
+            one, other = answers[first], answers[second]
+            if one and other:
                 context = "; ".join(q.references) or (f"a reference answer: {q.answer}" if q.answer else "")
-                score = win_rate(judge, q.question, answers[first], answers[second], context=context).score
+                score = win_rate(judge, q.question, one, other, context=context).score
             verdict = {"method": tag, "question": q.id, "score": score}
             add(verdict)
             by[(tag, q.id)] = verdict
