@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
 import pytest
+from loopback_llm import LoopbackLLM, sane_reply
 
 from pgr_core import Fact, HashingEmbedder, Hit, InMemoryStore, Scope, SearchParams, Store
 from pgr_core.prospectors import Prospection, Prospector
@@ -100,3 +101,14 @@ def store() -> InMemoryStore:
 @pytest.fixture
 def spy(store: InMemoryStore) -> SpyStore:
     return SpyStore(store)
+
+
+@pytest.fixture
+def server() -> Iterator[LoopbackLLM]:
+    """A loopback OpenAI-compatible server answering sanely unless a test queues otherwise."""
+    srv = LoopbackLLM().start()
+    srv.default = sane_reply
+    try:
+        yield srv
+    finally:
+        srv.stop()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import U1, U2, ScriptedProspector, make_store
-from loopback_llm import LoopbackLLM, Reply, error, sane, sane_reply
+from loopback_llm import LoopbackLLM, Reply, error, sane
 
 from pgr_core import PGR, Budget, InMemoryStore, OpenAICompatible, RetrievalResult, Scope
 from pgr_core.testing import ScriptedLLM
@@ -209,16 +209,6 @@ def test_a_seeded_mix_of_every_fault_keeps_the_invariants_and_replays_exactly(st
 
 
 # ---------------------------------------------------------------- the same faults over real HTTP
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackLLM]:
-    srv = LoopbackLLM().start()
-    srv.default = sane_reply
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 def _client(srv: LoopbackLLM, **options: Any) -> OpenAICompatible:

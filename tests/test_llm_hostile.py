@@ -49,16 +49,6 @@ def store() -> Iterator[InMemoryStore]:
     assert [(f.id, f.text) for f in store.facts] == before, "a hostile reply changed the store"
 
 
-@pytest.fixture
-def server() -> Iterator[LoopbackLLM]:
-    srv = LoopbackLLM().start()
-    srv.default = sane_reply
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
 def client(srv: LoopbackLLM, **options: Any) -> OpenAICompatible:
     settings: dict[str, Any] = {"model": "m", "timeout": 30.0, "backoff": 0.0, "max_retries": 0}
     settings.update(options)
