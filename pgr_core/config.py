@@ -29,6 +29,11 @@ class PGRConfig:
     - ``query_only_k``: K of the query-only baseline (20).
     - ``window``: temporal window w (±w turns around each hit, for stores that keep turn order).
     - ``max_facts``: cut R* to this many facts, neighbours included (None: keep all).
+    - ``neighbour_decay``: γ, what a window neighbour earns (0.8): one ``d`` turns from its anchor scores
+      γ^d x the anchor's score and takes its place in the probe's list by that score, so it displaces a
+      direct hit only when it outscores it (see :func:`pgr_core.ranking.earned_order`). ``None``: every
+      neighbour rides right behind its anchor, whatever the anchor's rank (the order before 0.8 was
+      measured: on LoCoMo it lost to query-only at 20 facts; see benchmarks/RESULTS.md).
     - ``query_top_k``: K of the query's own probe in Phase 1 (20, the baseline's K, so the query's
       list can fill its share of any budget up to 40; the paper probes every text with K = 5).
     - ``ranking``: how R* is ordered for a budget (see :mod:`pgr_core.ranking`): ``"shared"`` (the
@@ -72,6 +77,7 @@ class PGRConfig:
     query_only_k: int = 20
     window: int = 0
     max_facts: int | None = None
+    neighbour_decay: float | None = 0.8
     query_top_k: int = 20
     query_weight: float = 1.5
     ranking: str = "shared"
@@ -118,6 +124,9 @@ class PGRConfig:
                 raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
         if self.max_facts is not None and (not isinstance(self.max_facts, int) or self.max_facts < 1):
             raise InvalidArgumentError(f"max_facts must be None or an integer >= 1, got {self.max_facts!r}")
+        g = self.neighbour_decay
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int | float) or not 0.0 < g <= 1.0):
+            raise InvalidArgumentError(f"neighbour_decay must be None or a number in (0, 1], got {g!r}")
         if self.ranking not in RANKINGS:
             raise InvalidArgumentError(f"ranking must be one of {', '.join(map(repr, RANKINGS))}, got {self.ranking!r}")
         q = self.query_share

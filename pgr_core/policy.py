@@ -48,7 +48,7 @@ from .prospectors import (
     quoted,
     tidy_summary,
 )
-from .ranking import choose, fused_order, llm_order, shared_order
+from .ranking import choose, earned_order, fused_order, llm_order, shared_order
 from .savings import Savings, cut_hits
 from .store import Store
 from .telemetry import Telemetry
@@ -620,9 +620,14 @@ class PGR(Savings, Drivers):
             p.trace.usage_by_phase.setdefault(rnd.phase, Usage()).add(spent)
         if limits is not None:
             hit_lists = [cut_hits(hits, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)]
+        decay = self.config.neighbour_decay
+        if decay is not None:  # a window neighbour earns its place in the probe's list (ranking.earned_order)
+            hit_lists = [earned_order(h, decay) if any(x.neighbour_of for x in h) else h for h in hit_lists]
         for probe, hits in zip(probes, hit_lists, strict=True):
             probe.hits = [(h.fact.id, round(h.score, 6)) for h in hits if h.neighbour_of is None]
             probe.neighbours = [h.fact.id for h in hits if h.neighbour_of is not None]
+            if decay is not None and probe.neighbours:
+                probe.order = [h.fact.id for h in hits]
             if count:
                 self._merge(p, rnd, probe, hits)
         return hit_lists

@@ -16,20 +16,57 @@ chosen by ``PGRConfig.ranking``:
   and the shared order fills the rest. A reply that does not choose (the records' own order echoed,
   unknown ids, fewer than ``min_chosen``) is ignored and the shared order used; the trace says why.
 
-Window neighbours ride with their anchor: placed right after it, in the anchor's pool's slots.
+Window neighbours earn their places (``PGRConfig.neighbour_decay`` = γ, 0.8): in each probe's list a
+neighbour ``d`` turns from its anchor scores γ^d x the anchor's score and is ranked among the direct
+hits by that score (:func:`earned_order`), so the pools above hold it at its own rank. With
+``neighbour_decay=None`` neighbours ride with their anchor instead: placed right after it, in the
+anchor's pool's slots, whatever the anchor's rank.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .trace import FoundFact, Probe
+from .types import Hit
 
-__all__ = ["RANKINGS", "Choice", "choose", "fused_order", "llm_order", "shared_order"]
+__all__ = ["RANKINGS", "Choice", "choose", "earned_order", "fused_order", "llm_order", "shared_order"]
 
 RANKINGS = ("fused", "shared", "llm")
+
+
+def earned_order(hits: Sequence[Hit], decay: float) -> list[Hit]:
+    """One probe's list with each window neighbour ranked by what it earns, ``rank`` renumbered.
+
+    A neighbour ``d`` turns from its anchor (1 when either has no position) earns ``decay**d`` x the
+    anchor's score (a negative score is divided instead, so it still ranks below its anchor); one that
+    several anchors bring keeps the most it earns, and a fact the probe also hit directly keeps its
+    direct place. Ties keep the store's order, so an anchor stays ahead of its neighbours.
+
+    >>> from pgr_core.types import Fact, Scope
+    >>> def turn(i, pos): return Fact(f"t{i}", "x", Scope(user_id="u"), session_id="s", position=pos)
+    >>> hits = [Hit(turn(1, 5), 0.9, 0), Hit(turn(2, 9), 0.6, 1), Hit(turn(3, 6), 0.0, 0, neighbour_of="t1")]
+    >>> [(h.fact.id, h.rank, round(h.score, 2)) for h in earned_order(hits, 0.8)]
+    [('t1', 0, 0.9), ('t3', 1, 0.72), ('t2', 2, 0.6)]
+    """
+    direct = {h.fact.id: h for h in hits if h.neighbour_of is None}
+    best: dict[str, tuple[float, int, Hit]] = {}
+    for at, hit in enumerate(hits):
+        if hit.neighbour_of is None:
+            best.setdefault(hit.fact.id, (hit.score, at, hit))
+            continue
+        anchor = direct.get(hit.neighbour_of)
+        if anchor is None or hit.fact.id in direct:
+            continue
+        a, n = anchor.fact.position, hit.fact.position
+        factor = decay ** (abs(n - a) if a is not None and n is not None and n != a else 1)
+        earned = anchor.score * factor if anchor.score >= 0 else anchor.score / factor
+        if hit.fact.id not in best or earned > best[hit.fact.id][0]:
+            best[hit.fact.id] = (earned, at, replace(hit, score=earned))
+    ranked = sorted(best.values(), key=lambda entry: (-entry[0], entry[1]))
+    return [replace(hit, rank=rank) for rank, (_, _, hit) in enumerate(ranked)]
 
 
 def fused_order(found: Mapping[str, FoundFact]) -> list[FoundFact]:
@@ -45,17 +82,18 @@ class _Pools:
 
 
 def _pools(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> _Pools:
+    probes = list(probes)
     query_rank: dict[str, int] = {}
     step_hits: dict[str, list[tuple[int, int]]] = {}  # fact id -> (rank, probe order) per step probe
     order = 0
     for probe in probes:
         if probe.source == "query":
-            for rank, (fid, _) in enumerate(probe.hits):
+            for rank, fid in enumerate(_ranked_ids(probe)):
                 if fid in found:
                     query_rank[fid] = min(query_rank.get(fid, rank), rank)
             continue
         seen: set[str] = set()
-        for rank, (fid, _) in enumerate(probe.hits):
+        for rank, fid in enumerate(_ranked_ids(probe)):
             if fid in found and fid not in seen:
                 seen.add(fid)
                 step_hits.setdefault(fid, []).append((rank, order))
@@ -71,8 +109,14 @@ def _pools(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> _Pools:
         return (rank - (len(step_hits[fid]) - 1), -len(step_hits[fid]), rank, order)
 
     pools.steps = sorted(step_hits, key=key)
-    pools.neighbours = _neighbours(found)
+    # neighbours that earned their places are in the lists already; the others ride with their anchor
+    pools.neighbours = {} if any(pr.order for pr in probes) else _neighbours(found)
     return pools
+
+
+def _ranked_ids(probe: Probe) -> list[str]:
+    """A probe's list as ranked: hits and neighbours in their earned order, or its direct hits."""
+    return list(probe.order) if probe.order else [fid for fid, _ in probe.hits]
 
 
 def _neighbours(found: Mapping[str, FoundFact]) -> dict[str, list[str]]:
