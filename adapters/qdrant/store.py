@@ -47,6 +47,7 @@ the other awaits them on an ``AsyncQdrantClient``, so the sync and async methods
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import threading
@@ -910,19 +911,21 @@ class QdrantStore(Store):
 
     @classmethod
     async def acreate_collection(
-        cls,
-        client: QdrantClient | AsyncQdrantClient,
-        name: str,
-        dim: int,
-        *,
-        embedder: Embedder,
-        vector_name: str | None = None,
-        distance: str = "Cosine",
-        payload_indexes: bool = True,
-        **store_options: Any,
+        cls, client: QdrantClient | AsyncQdrantClient, name: str, dim: int, **options: Any
     ) -> QdrantStore:
-        """Async twin of :meth:`create_collection`."""
-        spec = _NewCollection(name, dim, embedder, vector_name, distance, payload_indexes, store_options)
+        """Async twin of :meth:`create_collection`, with its arguments (its signature is copied below)."""
+        bound = _CREATE_SIGNATURE.bind(cls, client, name, dim, **options)  # a wrong argument: TypeError
+        bound.apply_defaults()
+        args = bound.arguments
+        spec = _NewCollection(
+            name,
+            dim,
+            args["embedder"],
+            args["vector_name"],
+            args["distance"],
+            args["payload_indexes"],
+            args["store_options"],
+        )
         return await _run_awaited(cls._create_flow(client, spec), client)
 
     @classmethod
@@ -1182,3 +1185,8 @@ def _position(value: Any) -> int | None:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None
+
+
+# acreate_collection takes exactly create_collection's arguments: one parameter list, written once
+_CREATE_SIGNATURE = inspect.signature(vars(QdrantStore)["create_collection"].__func__)
+vars(QdrantStore)["acreate_collection"].__func__.__signature__ = _CREATE_SIGNATURE

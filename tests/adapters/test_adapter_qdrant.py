@@ -1350,3 +1350,14 @@ def test_build_backfills_cues_over_a_collection_its_application_filled_and_leave
             (str(r.id), json.dumps(r.payload, sort_keys=True), json.dumps(r.vector, sort_keys=True)) for r in records
         ]
         assert after == before
+
+
+def test_acreate_collection_takes_exactly_create_collections_arguments():
+    import inspect
+
+    assert inspect.signature(QdrantStore.acreate_collection) == inspect.signature(QdrantStore.create_collection)
+
+    client = AsyncQdrantClient(":memory:")
+    with pytest.raises(TypeError, match="embedder"):  # refused as the sync method refuses it, before any call
+        asyncio.run(QdrantStore.acreate_collection(client, "x", 8))
+    assert not asyncio.run(client.collection_exists("x"))
