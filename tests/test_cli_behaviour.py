@@ -277,3 +277,41 @@ def test_the_library_client_takes_the_same_default(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("PGR_LLM_TIMEOUT", "90")
     assert llm_from_env().timeout == 90.0  # type: ignore[union-attr]
     assert OpenAICompatible(model="m").timeout == 90.0
+
+
+def test_a_real_ctrl_c_with_an_llm_call_in_flight_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """SIGINT to the console script while extraction waits on a slow server: one line, 130, at once."""
+    import subprocess
+    import sys
+    import time
+
+    from loopback_llm import ok
+
+    data, out = _sessions(tmp_path / "d.jsonl", 6), tmp_path / "store"
+
+    def slow(_request: object) -> object:
+        time.sleep(1.0)
+        fact = {"text": "The user adopted a cat", "type": "Identity", "entities": [], "date": None, "updates": None}
+        return ok(json.dumps({"facts": [fact]}))
+
+    with LoopbackLLM() as server:
+        server.default = slow  # type: ignore[assignment]
+        argv = ["ingest", "jsonl", "--data", str(data), "--out", str(out), "--mode", "extract", "--no-progress"]
+        argv += ["--embedder", "hashing", "--base-url", server.base_url, "--model", "m"]
+        code = f"import sys; sys.argv = ['pgr', *{argv!r}]; from pgr_core.cli import run; run()"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
+        )
+        deadline = time.monotonic() + 60
+        while server.count < 3 and time.monotonic() < deadline:  # two sessions answered, a third in flight
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and len(lines) == 2, err  # the start line, and the one line of the stop
+    assert lines[-1].startswith("pgr: interrupted: ") and "of 6 session(s) are kept in" in lines[-1]
