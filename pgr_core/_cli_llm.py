@@ -25,26 +25,21 @@ def add_llm_options(p: argparse.ArgumentParser, *, no_llm: bool = False) -> None
     p.add_argument("--llm-timeout", type=nonnegative_float, default=None, help=_TIMEOUT_HELP)
 
 
-def llm_from_args(args: argparse.Namespace, *, required: str | None = None) -> LLM | None:
+def llm_from_args(args: argparse.Namespace) -> LLM | None:
     """The LLM the options name (``--base-url``/``--model``) or the environment configures, or None.
-
-    ``required`` names what needs one: without an LLM it is an error saying how to configure it."""
-    llm: LLM | None = None  # a timeout of None: the server decides (see OpenAICompatible)
+    A timeout of None lets the server decide (see :class:`~pgr_core.llm.OpenAICompatible`)."""
     if getattr(args, "no_llm", False):
-        llm = None
-    elif args.base_url or args.model:
-        llm = OpenAICompatible(base_url=args.base_url, model=args.model, timeout=args.llm_timeout)
-    else:
-        llm = llm_from_env(timeout=args.llm_timeout)
-    if llm is None and required:
-        raise ConfigurationError(
-            f"{required} needs an LLM: pass --base-url and --model, or set PGR_LLM_BASE_URL and PGR_LLM_MODEL"
-        )
-    return llm
+        return None
+    if args.base_url or args.model:
+        return OpenAICompatible(base_url=args.base_url, model=args.model, timeout=args.llm_timeout)
+    return llm_from_env(timeout=args.llm_timeout)
 
 
 def required_llm(args: argparse.Namespace, what: str) -> LLM:
-    """:func:`llm_from_args` for a command that cannot do without one (``what`` names it in the error)."""
-    llm = llm_from_args(args, required=what)
-    assert llm is not None  # llm_from_args raised otherwise
+    """:func:`llm_from_args` for a command that cannot do without one; ``what`` names it in the error."""
+    llm = llm_from_args(args)
+    if llm is None:
+        raise ConfigurationError(
+            f"{what} needs an LLM: pass --base-url and --model, or set PGR_LLM_BASE_URL and PGR_LLM_MODEL"
+        )
     return llm

@@ -61,10 +61,6 @@ def _embedder(name: str) -> Embedder:
     return HashingEmbedder()
 
 
-def _llm(args: argparse.Namespace) -> LLM | None:
-    return llm_from_args(args)
-
-
 def _pgr(store: Any, llm: LLM | None, args: argparse.Namespace, no_llm_strategy: str = "none") -> Any:
     from .policy import PGR
 
@@ -166,7 +162,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
     from .trace_page import write_trace_page
 
-    llm = _llm(args)
+    llm = llm_from_args(args)
     if llm is None:
         _say(DEMO_NO_LLM_NOTE)
     else:
@@ -207,7 +203,7 @@ def cmd_retrieve(args: argparse.Namespace) -> int:
 
     if args.top_k is not None and not args.query_only:
         raise InvalidArgumentError("--top-k sets K for --query-only; to cut PGR's ranked facts to N, use --max-facts N")
-    llm = _llm(args)
+    llm = llm_from_args(args)
     if llm is None:
         _say(NO_LLM_NOTE)
     with opened_store(args.store, _embedder(args.embedder), lock_timeout_s=args.lock_timeout) as store:
@@ -251,9 +247,9 @@ def _users_note(store: Any) -> str:
     return f"it holds {len(users)} user(s)" + (f": {shown}" if users else "")
 
 
-def _scope_of(args: argparse.Namespace, store: Any, pgr: Any) -> Any:
+def _scope_of(args: argparse.Namespace, store: Any) -> Any:
     """The caller's scope; a missing one names ``--user``, and one that owns nothing says so."""
-    from .types import Scope
+    from .types import Scope, SearchParams
 
     if not (args.user or args.agent or args.run):
         note = _users_note(store)
@@ -261,7 +257,8 @@ def _scope_of(args: argparse.Namespace, store: Any, pgr: Any) -> Any:
             f"--user is required: whose memories to search in {args.store}" + (f" ({note})" if note else "")
         )
     scope = Scope(user_id=args.user, agent_id=args.agent, run_id=args.run)
-    if not type(pgr)(store).query_only(args.query, scope=scope, top_k=1).facts:  # one search: owns it anything?
+    (hits,) = store.search_batch([args.query], scope=scope, params=SearchParams(top_k=1, min_score=0.0))
+    if not hits:  # one search, no floor: the scope owns nothing at all
         who = " ".join(f"--{k.split('_')[0]} {v}" for k, v in scope.as_dict().items())
         note = _users_note(store)
         raise NoFactsError(f"{args.store} holds no facts for {who}" + (f"; {note}" if note else ""))
@@ -269,8 +266,8 @@ def _scope_of(args: argparse.Namespace, store: Any, pgr: Any) -> Any:
 
 
 def _retrieve(args: argparse.Namespace, store: Any, llm: LLM | None) -> int:
+    scope = _scope_of(args, store)
     pgr = _pgr(store, llm, args)
-    scope = _scope_of(args, store, pgr)
     result: RetrievalResult = (
         pgr.query_only(args.query, scope=scope, date=args.date, top_k=args.top_k)
         if args.query_only
@@ -448,7 +445,7 @@ def _run_eval(
     store = build_store(data.facts, embedder)
     from_disk = f", {disk.hits} from the vector cache {disk.path}" if disk is not None and disk.active else ""
     _say(f"embedded {len(store)} facts in {time.perf_counter() - started:.1f}s{from_disk}")
-    llm = _llm(args)
+    llm = llm_from_args(args)
     if llm is not None and not args.no_cache:
         llm = CachedLLM(llm, args.cache)
     judge = llm if args.judge else None
@@ -672,8 +669,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
         _say(f"pgr: error: cannot use{where}: {exc.strerror or exc}")
         return 2
-    except (KeyboardInterrupt, Interrupted) as exc:
-        _say(f"pgr: {exc}" if isinstance(exc, Interrupted) else "pgr: interrupted")
+    except Interrupted as exc:
+        _say(f"pgr: {exc}")
+        return 130
+    except KeyboardInterrupt:
+        _say("pgr: interrupted")
         return 130
 
 

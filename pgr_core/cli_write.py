@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ._argtypes import nonnegative_float, nonnegative_int, positive_int, unit_float
-from ._cli_llm import add_llm_options
-from ._cli_llm import llm_from_args as _llm
+from ._cli_llm import add_llm_options, llm_from_args, required_llm
 from .errors import ConfigurationError, InvalidArgumentError
 from .llm import LLM
 
@@ -145,9 +144,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(
             f"no sessions found in {args.data}" + (f" for {users_filter}" if users_filter else "")
         )
-    llm = _llm(args, required="--mode extract") if args.mode == "extract" else None
+    llm = required_llm(args, "--mode extract") if args.mode == "extract" else None
     if args.cues and llm is None:
-        llm = _llm(args, required="--cues")
+        llm = required_llm(args, "--cues")
     out: Path = args.out
     with _opened(out, args, "pgr ingest", create=True, cues=True if args.cues else None) as store:
         return _ingest_opened(args, users, llm, out, store)
@@ -247,7 +246,7 @@ def cmd_cues(args: argparse.Namespace) -> int:
     from .types import Scope
     from .write._progress import ProgressBar
 
-    writer = _cue_writer(args, _llm(args, required="pgr cues build"))
+    writer = _cue_writer(args, required_llm(args, "pgr cues build"))
     out: Path = args.store
     with _opened(out, args, "pgr cues build", create=False, cues=True) as store:
         users = args.user or users_of(store.store)
@@ -288,7 +287,7 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
 def _consolidate_opened(args: argparse.Namespace, out: Path, store: Any) -> int:
     from .write.ledger import open_ledger
 
-    llm = _llm(args)
+    llm = llm_from_args(args)
     if llm is None:
         _say("no LLM configured: merged facts keep the most repeated (then latest) wording of their cluster")
     with _journal(out) as journal:
@@ -345,7 +344,7 @@ def _cmd_induce(args: argparse.Namespace) -> int:
 
     if args.data is None:
         raise InvalidArgumentError("pgr guideline induce needs --data: the PrefEval folder (../shared/data/prefeval)")
-    llm = _llm(args, required="guideline induction")
+    llm = required_llm(args, "guideline induction")
     assert llm is not None
     if args.cache is not None:
         from .evaluation import CachedLLM

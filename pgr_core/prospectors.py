@@ -28,7 +28,6 @@ __all__ = ["DIMENSIONS", "FacetProspector", "LLMProspector", "NoProspection", "P
 
 _MAX_STEP_CHARS = 300  # a step is one short sentence; a runaway one is cut before it reaches a prompt
 _MAX_DIMENSION_CHARS = 40
-_MAX_SUMMARY_CHARS = 2000  # a briefing, not a report: a longer reply is cut at a sentence boundary
 
 
 def quoted(text: str, limit: int | None = None) -> str:
@@ -556,7 +555,7 @@ class LLMProspector(Prospector):
         reply = yield from ask_json(p, "summary", text, schema, SUMMARY_SCHEMA, 300 if not choose else 380)
         if choose:
             p.choice = reply.get("ids")
-        return tidy_summary(str(reply.get("summary", "")), _MAX_SUMMARY_CHARS) or plain_summary(p)
+        return str(reply.get("summary", "")).strip() or plain_summary(p)  # tidied by the policy
 
     def _steps(self, reply: Mapping[str, Any], p: Prospection, known: Mapping[str, Step]) -> list[Step]:
         """Turn the reply into Steps with ids unique across rounds; keep the tree's links."""

@@ -52,10 +52,10 @@ def earned_order(hits: Sequence[Hit], decay: float) -> list[Hit]:
     [('t1', 0, 0.9), ('t3', 1, 0.72), ('t2', 2, 0.6)]
     """
     direct = {h.fact.id: h for h in hits if h.neighbour_of is None}
-    best: dict[str, tuple[float, int, Hit]] = {}
+    best: dict[str, tuple[int, Hit]] = {}  # fact id -> (its place in the store's list, the hit as scored)
     for at, hit in enumerate(hits):
         if hit.neighbour_of is None:
-            best.setdefault(hit.fact.id, (hit.score, at, hit))
+            best.setdefault(hit.fact.id, (at, hit))
             continue
         anchor = direct.get(hit.neighbour_of)
         if anchor is None or hit.fact.id in direct:
@@ -63,10 +63,10 @@ def earned_order(hits: Sequence[Hit], decay: float) -> list[Hit]:
         a, n = anchor.fact.position, hit.fact.position
         factor = decay ** (abs(n - a) if a is not None and n is not None and n != a else 1)
         earned = anchor.score * factor if anchor.score >= 0 else anchor.score / factor
-        if hit.fact.id not in best or earned > best[hit.fact.id][0]:
-            best[hit.fact.id] = (earned, at, replace(hit, score=earned))
-    ranked = sorted(best.values(), key=lambda entry: (-entry[0], entry[1]))
-    return [replace(hit, rank=rank) for rank, (_, _, hit) in enumerate(ranked)]
+        if hit.fact.id not in best or earned > best[hit.fact.id][1].score:
+            best[hit.fact.id] = (at, replace(hit, score=earned))
+    ranked = sorted(best.values(), key=lambda entry: (-entry[1].score, entry[0]))
+    return [replace(hit, rank=rank) for rank, (_, hit) in enumerate(ranked)]
 
 
 def fused_order(found: Mapping[str, FoundFact]) -> list[FoundFact]:
@@ -116,7 +116,7 @@ def _pools(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> _Pools:
 
 def _ranked_ids(probe: Probe) -> list[str]:
     """A probe's list as ranked: hits and neighbours in their earned order, or its direct hits."""
-    return list(probe.order) if probe.order else [fid for fid, _ in probe.hits]
+    return probe.order or [fid for fid, _ in probe.hits]
 
 
 def _neighbours(found: Mapping[str, FoundFact]) -> dict[str, list[str]]:

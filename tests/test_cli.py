@@ -122,13 +122,12 @@ _TIMEOUT_COMMANDS = {
 
 def _llm_of(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> object:
     """The LLM the command named by ``argv`` would use (memoryquest: caught on its way to the builder)."""
-    from pgr_core import cli, cli_write
+    from pgr_core import cli
+    from pgr_core._cli_llm import llm_from_args
 
     args = cli.build_parser().parse_args(argv)
-    if argv[0] in ("demo", "retrieve", "eval"):
-        return cli._llm(args)
-    if argv[0] != "memoryquest":
-        return cli_write._llm(args)
+    if argv[0] != "memoryquest":  # every other command builds its LLM through llm_from_args
+        return llm_from_args(args)
     seen: dict[str, object] = {}
 
     class Stop(Exception):

@@ -250,12 +250,12 @@ def rollout(
         )
     retrieved = [_fact_line(f) for f in facts]
     try:
-        correct = judge(example, answer, llm)
-    except LLMError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        version = guideline.version
-        return Trajectory(example.id, version, memory, retrieved, answer, False, fell_back, error, judged=False)
-    return Trajectory(example.id, guideline.version, memory, retrieved, answer, correct, fell_back)
+        correct, error = judge(example, answer, llm), None
+    except LLMError as exc:  # the judge's outage: no verdict
+        correct, error = False, f"{type(exc).__name__}: {exc}"
+    return Trajectory(
+        example.id, guideline.version, memory, retrieved, answer, correct, fell_back, error, judged=error is None
+    )
 
 
 def evaluate(
