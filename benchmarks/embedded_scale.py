@@ -160,8 +160,9 @@ class QdrantLocal(Subject):
         self.path = self.work / "qdrant"
         self.models = models
         client = QdrantClient(path=str(self.path))
-        client.create_collection("facts", vectors_config=models.VectorParams(size=self.embedder.dim,
-                                                                              distance=models.Distance.COSINE))
+        client.create_collection(
+            "facts", vectors_config=models.VectorParams(size=self.embedder.dim, distance=models.Distance.COSINE)
+        )
         self.client = client
         self.store = QdrantStore(client, "facts", embedder=self.embedder)
         for fact, vector in zip(facts, vectors, strict=True):  # upsert_facts embeds: look the texts up
@@ -202,8 +203,15 @@ def qdrant_available() -> bool:
 # --------------------------------------------------------------------------- timing one store
 
 
-def measure(subject: Subject, facts: list[Fact], vectors: np.ndarray, owners: list[Scope], rng: random.Random,
-            dim: int, rounds: int) -> dict[str, Any]:
+def measure(
+    subject: Subject,
+    facts: list[Fact],
+    vectors: np.ndarray,
+    owners: list[Scope],
+    rng: random.Random,
+    dim: int,
+    rounds: int,
+) -> dict[str, Any]:
     emb = subject.embedder
     nrng = np.random.default_rng(rng.randrange(1 << 30))
     probes = [f"p{i}" for i in range(PROBES)]
@@ -253,8 +261,11 @@ def measure(subject: Subject, facts: list[Fact], vectors: np.ndarray, owners: li
 
 def synthetic(tenants: int, per_tenant: int, dim: int, seed: int) -> tuple[list[Fact], np.ndarray, list[Scope]]:
     owners = [Scope(user_id=f"t{t}") for t in range(tenants)]
-    facts = [Fact(id=f"f{t}-{i}", text=f"fact {i} of t{t}", scope=owners[t]) for t in range(tenants)
-             for i in range(per_tenant)]
+    facts = [
+        Fact(id=f"f{t}-{i}", text=f"fact {i} of t{t}", scope=owners[t])
+        for t in range(tenants)
+        for i in range(per_tenant)
+    ]
     return facts, unit(np.random.default_rng(seed), len(facts), dim), owners
 
 
@@ -367,8 +378,15 @@ def ann_recall(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         recall = statistics.fmean(len(set(g) & set(e.tolist())) / 5 for g, e in zip(got, exact, strict=True))
     finally:
         store.close()
-    return {"facts": len(facts), "queries": len(probes), "load_s": load, "index_s": built, **stats,
-            "ann_recall_at_5": recall, "round_p50_ms": p50(seconds)}
+    return {
+        "facts": len(facts),
+        "queries": len(probes),
+        "load_s": load,
+        "index_s": built,
+        **stats,
+        "ann_recall_at_5": recall,
+        "round_p50_ms": p50(seconds),
+    }
 
 
 # --------------------------------------------------------------------------- report
@@ -401,9 +419,11 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {store} | " + " | ".join(cells) + " |")
     if "real" in report:
         r = report["real"]
-        lines.append(f"\nANN recall@5 against exact, EdgeStore HNSW, {r['facts']:,} real MiniLM vectors, "
-                     f"{r['queries']} questions: **{r['ann_recall_at_5']:.3f}** (indexed {r.get('indexed_vectors')}, "
-                     f"build {r['index_s']:.1f} s, 7-probe round p50 {r['round_p50_ms']:.2f} ms)")
+        lines.append(
+            f"\nANN recall@5 against exact, EdgeStore HNSW, {r['facts']:,} real MiniLM vectors, "
+            f"{r['queries']} questions: **{r['ann_recall_at_5']:.3f}** (indexed {r.get('indexed_vectors')}, "
+            f"build {r['index_s']:.1f} s, 7-probe round p50 {r['round_p50_ms']:.2f} ms)"
+        )
     return "\n".join(lines)
 
 
@@ -427,10 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {}
     if args.small_tenants:  # small enough for Qdrant local mode too: all three stores side by side
         report[f"{args.small_tenants:,} tenants × {args.per_tenant} facts"] = scenario(
-            "small-tenants", args.small_tenants, args.per_tenant, args, work)
+            "small-tenants", args.small_tenants, args.per_tenant, args, work
+        )
     if args.tenants:
         report[f"{args.tenants:,} tenants × {args.per_tenant} facts"] = scenario(
-            "tenants", args.tenants, args.per_tenant, args, work)
+            "tenants", args.tenants, args.per_tenant, args, work
+        )
     if args.one_tenant:
         report[f"one tenant, {args.one_tenant:,} facts"] = scenario("one-tenant", 1, args.one_tenant, args, work)
     if args.real:

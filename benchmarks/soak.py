@@ -37,8 +37,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-WORDS = ("knee physio run trip car train lab Friday mother birthday budget dog flight shift rent class "
-         "garden allergy doctor coffee bike exam visa paint concert hike").split()
+WORDS = (
+    "knee physio run trip car train lab Friday mother birthday budget dog flight shift rent class "
+    "garden allergy doctor coffee bike exam visa paint concert hike"
+).split()
 
 
 def write_data(path: Path, users: int, sessions: int, turns: int, seed: int) -> None:
@@ -48,21 +50,41 @@ def write_data(path: Path, users: int, sessions: int, turns: int, seed: int) -> 
             for s in range(sessions):
                 rng = random.Random(seed * 1_000_003 + u * 10_007 + s)  # a session's text never changes
                 day = 1 + s % 28
-                rows.append({
-                    "id": f"s{s:03d}",
-                    "date": f"2025-{1 + s // 28 % 12:02d}-{day:02d}",
-                    "turns": [
-                        {"speaker": "user" if t % 2 == 0 else "assistant",
-                         "text": f"u{u} s{s} t{t}: " + " ".join(rng.choice(WORDS) for _ in range(8))}
-                        for t in range(turns)
-                    ],
-                })
+                rows.append(
+                    {
+                        "id": f"s{s:03d}",
+                        "date": f"2025-{1 + s // 28 % 12:02d}-{day:02d}",
+                        "turns": [
+                            {
+                                "speaker": "user" if t % 2 == 0 else "assistant",
+                                "text": f"u{u} s{s} t{t}: " + " ".join(rng.choice(WORDS) for _ in range(8)),
+                            }
+                            for t in range(turns)
+                        ],
+                    }
+                )
             fh.write(json.dumps({"user_id": f"u{u:02d}", "sessions": rows}) + "\n")
 
 
 def ingest_cmd(data: Path, store: Path, users: list[str], lock_timeout: float) -> list[str]:
-    cmd = [sys.executable, "-m", "pgr_core.cli", "ingest", "jsonl", "--data", str(data), "--out", str(store),
-           "--embedder", "hashing", "--no-progress", "--checkpoint-every", "3", "--lock-timeout", str(lock_timeout)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pgr_core.cli",
+        "ingest",
+        "jsonl",
+        "--data",
+        str(data),
+        "--out",
+        str(store),
+        "--embedder",
+        "hashing",
+        "--no-progress",
+        "--checkpoint-every",
+        "3",
+        "--lock-timeout",
+        str(lock_timeout),
+    ]
     for user in users:
         cmd += ["--user", user]
     return cmd
@@ -99,8 +121,12 @@ def check(store_path: Path) -> dict[str, int]:
                     if f.session_id is not None and f.position is not None:
                         held[(scope.user_id or "", f.session_id, f.position)] += 1
         dup = sum(n - 1 for n in held.values() if n > 1)
-        return {"sessions_in_ledger": len(entries), "facts_in_ledger": sum(len(e.facts) for e in entries),
-                "facts_lost": lost, "facts_duplicated": dup}
+        return {
+            "sessions_in_ledger": len(entries),
+            "facts_in_ledger": sum(len(e.facts) for e in entries),
+            "facts_lost": lost,
+            "facts_duplicated": dup,
+        }
     finally:
         ledger.close()
         close = getattr(store, "close", None)
@@ -132,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         path = work / f"soak-{generation['n']}.jsonl"
         write_data(path, args.users, generation["sessions"], args.turns, args.seed)
         return path
+
     store = args.store or (work / "store")
     users = [f"u{u:02d}" for u in range(args.users)]
     shared = users[-1]
@@ -144,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def start(w: int) -> None:
         log = (logs / f"w{w}-{counts['started']}.log").open("wb")
-        procs[w] = subprocess.Popen(ingest_cmd(next_data(), store, slices[w], args.lock_timeout), stdout=log,
-                                    stderr=subprocess.STDOUT, env=env)
+        procs[w] = subprocess.Popen(
+            ingest_cmd(next_data(), store, slices[w], args.lock_timeout), stdout=log, stderr=subprocess.STDOUT, env=env
+        )
         counts["started"] += 1
 
     t0 = time.monotonic()
@@ -153,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         start(w)
     next_kill = t0 + rng.expovariate(1 / args.kill_every)
     next_read = t0 + 1.0
-    print(f"soak: {args.writers} writers, {args.users} users, sessions growing by {args.grow} per start, into {store}",
-          flush=True)
+    print(
+        f"soak: {args.writers} writers, {args.users} users, sessions growing by {args.grow} per start, into {store}",
+        flush=True,
+    )
     while time.monotonic() - t0 < args.seconds:
         now = time.monotonic()
         for w, p in list(procs.items()):
@@ -170,9 +200,24 @@ def main(argv: list[str] | None = None) -> int:
             start(w)
             next_kill = now + rng.expovariate(1 / args.kill_every)
         if now >= next_read:
-            r = subprocess.run([sys.executable, "-m", "pgr_core.cli", "retrieve", "what about the knee?", "--store",
-                                str(store), "--user", shared, "--embedder", "hashing"], capture_output=True, env=env,
-                               timeout=args.lock_timeout + 60)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pgr_core.cli",
+                    "retrieve",
+                    "what about the knee?",
+                    "--store",
+                    str(store),
+                    "--user",
+                    shared,
+                    "--embedder",
+                    "hashing",
+                ],
+                capture_output=True,
+                env=env,
+                timeout=args.lock_timeout + 60,
+            )
             counts["reads_ok" if r.returncode == 0 else "reads_failed"] += 1
             if r.returncode != 0:
                 (logs / f"read-{counts['reads_failed']}.log").write_bytes(r.stdout + r.stderr)
@@ -181,8 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = int(time.monotonic() - t0)
         if elapsed and elapsed % 15 == 0 and counts["_last"] != elapsed:
             counts["_last"] = elapsed
-            print(f"  {elapsed}s: {counts['started']} started, {counts['kills']} killed, "
-                  f"{counts['reads_ok']} reads ok, {counts['reads_failed']} failed", flush=True)
+            print(
+                f"  {elapsed}s: {counts['started']} started, {counts['kills']} killed, "
+                f"{counts['reads_ok']} reads ok, {counts['reads_failed']} failed",
+                flush=True,
+            )
     print("soak: time is up; letting every writer finish unkilled", flush=True)
     for p in procs.values():
         p.wait()
@@ -201,8 +249,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {key}: {value}")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    bad = (not result.get("reopened") or result.get("facts_lost", 1) or result.get("facts_duplicated", 1)
-           or counts.get("reads_failed", 0) or final.returncode != 0)
+    bad = (
+        not result.get("reopened")
+        or result.get("facts_lost", 1)
+        or result.get("facts_duplicated", 1)
+        or counts.get("reads_failed", 0)
+        or final.returncode != 0
+    )
     return 1 if bad else 0
 
 

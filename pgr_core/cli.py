@@ -36,6 +36,7 @@ class NoFactsError(PGRError):
 class Interrupted(Exception):  # Ctrl-C, with what the command kept
     """Ctrl-C during a command that keeps its work: the message says what was kept and how to resume."""
 
+
 NO_LLM_NOTE = (
     "No LLM configured (set PGR_LLM_BASE_URL and PGR_LLM_MODEL to use one): no prospection, the query's own "
     "top 20 (query-only). --strategy facet prospects without an LLM, but on MQ-lite it found less than the "
