@@ -1,0 +1,128 @@
+"""How deep a step probe should read: the same steps re-probed at other K and τ, with no LLM.
+
+    python benchmarks/probe_depth_replay.py --data ../shared/data/mq-lite/dev-facts.jsonl \\
+        --records mq-facts.records.jsonl [--methods pgr-cot] [--vector-cache .pgr-cache/vectors] [--json out.json]
+
+A ``pgr eval`` records file keeps every round's probes (the step texts the LLM wrote) in each PGR
+record's compact trace. This script embeds those texts again, searches the same store (MiniLM, the
+facts of the data set, each question under its own scope) at each (K, τ) of the grid, and ranks R
+exactly as pgr does (:func:`pgr_core.ranking.shared_order` at ``query_share`` 0.75; the query's own
+probe read to ``query_top_k`` = 20, as recorded). The steps stay as the run wrote them, so this
+measures the probes' depth alone: in a real run Phase 2 would see the other finds and could write
+other steps, and the rounds it adds are replayed with their recorded texts. "recorded" is the run's
+own R* order, the check that the replay at the run's K and τ gives what the run gave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pgr_core import FoundFact, MiniLMEmbedder, Probe, SearchParams
+from pgr_core.evaluation import load_set
+from pgr_core.evaluation.metrics import recall_at, recall_exact
+from pgr_core.evaluation.runner import build_store
+from pgr_core.ranking import shared_order
+
+GRID = ((5, 0.3), (5, 0.2), (5, 0.0), (10, 0.3), (10, 0.2), (10, 0.0), (20, 0.0))
+BUDGETS = (10, 20)
+
+
+def reprobe(
+    store: Any, trace: Sequence[Mapping[str, Any]], scope: Any, k: int, tau: float, share: float
+) -> tuple[list[str], int]:
+    """R* of one record with every step probe re-read at (k, tau); the query's probe as recorded."""
+    texts: list[tuple[str | None, str, list[str]]] = [
+        (step_id, text, ids) for rnd in trace if rnd["phase"] != "augment" for step_id, text, ids in rnd["probes"]
+    ]
+    steps = [text for step_id, text, _ in texts if step_id is not None]
+    fresh = iter(store.search_batch(steps, scope=scope, params=SearchParams(top_k=k, min_score=tau)) if steps else [])
+    found: dict[str, FoundFact] = {}
+    probes: list[Probe] = []
+    for step_id, text, ids in texts:
+        hits = [(fid, 0.0) for fid in ids] if step_id is None else [(h.fact.id, h.score) for h in next(fresh)]
+        probe = Probe(text=text, source="query" if step_id is None else "step", step_id=step_id, hits=hits)  # type: ignore[arg-type]
+        probes.append(probe)
+        for rank, (fid, score) in enumerate(hits):
+            fused = (1.5 if step_id is None else 1.0) / (60 + rank)
+            known = found.get(fid)
+            if known is None:
+                found[fid] = FoundFact(store.get(fid, scope=scope), score, fused, 0, text, step_id=step_id)
+            else:
+                known.rank_score = max(known.rank_score, fused)
+    return [f.id for f in shared_order(found, probes, share)], len(found)
+
+
+def replay(
+    data_path: Path, records_path: Path, methods: Sequence[str] | None, vector_cache: Path | None, share: float
+) -> dict[str, Any]:
+    data = load_set("jsonl", data_path)
+    questions = {q.id: q for q in data.questions}
+    embedder: Any = MiniLMEmbedder()
+    if vector_cache is not None:
+        from pgr_core.evaluation.cache import disk_cached_embedder
+
+        embedder = disk_cached_embedder(embedder, vector_cache)
+    store = build_store(data.facts, embedder)
+    records = [json.loads(line) for line in records_path.read_text(encoding="utf-8").splitlines()[1:] if line.strip()]
+    deep = {r["question"]: r["ids"] for r in records if r["method"] == "_deep"}
+    report: dict[str, Any] = {}
+    for r in records:
+        name = r["method"]
+        if not name.startswith("pgr-") or (methods and name not in methods) or "trace" not in r.get("extra", {}):
+            continue
+        q = questions.get(r["question"])
+        if q is None or r["question"] not in deep:
+            continue
+        rows = report.setdefault(name, {})
+        lists = {"query-only": (list(deep[r["question"]]), 20), "recorded": (list(r["ids"]), len(r["ids"]))}
+        for k, tau in GRID:
+            lists[f"K={k} τ={tau:g}"] = reprobe(store, r["extra"]["trace"], q.scope, k, tau, share)
+        for label, (ids, size) in lists.items():
+            cell = rows.setdefault(label, {"n": 0, "size": [], **{f"@{b}": [] for b in BUDGETS}, "exact@20": []})
+            cell["n"] += 1
+            cell["size"].append(size)
+            for b in BUDGETS:
+                cell[f"@{b}"].append(recall_at(ids, q.gold, b, missing=q.missing))
+            cell["exact@20"].append(recall_exact(ids[:20], q.gold, missing=q.missing))
+    return {
+        name: {
+            s: {key: (statistics.fmean(v) if isinstance(v, list) and v else v) for key, v in c.items()}
+            for s, c in rows.items()
+        }
+        for name, rows in report.items()
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="the jsonl data set the records were run on")
+    ap.add_argument("--records", type=Path, required=True, help="a pgr eval .records.jsonl file")
+    ap.add_argument("--methods", default=None, help="comma-separated pgr-* methods (default: all in the file)")
+    ap.add_argument("--vector-cache", type=Path, default=None, help="pgr eval's vector cache folder")
+    ap.add_argument("--query-share", type=float, default=0.75)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    methods = args.methods.split(",") if args.methods else None
+    report = replay(args.data, args.records, methods, args.vector_cache, args.query_share)
+    if not report:
+        print("no pgr-* records with a compact trace in that file", file=sys.stderr)
+        return 1
+    for name, rows in report.items():
+        print(f"\n{name}: the recorded steps re-probed (n = questions; R = facts found)\n")
+        print("| step probes | n | R | recall@10 | recall@20 | RecallExact@20 |\n|---|---|---|---|---|---|")
+        for label, c in rows.items():
+            print(f"| {label} | {c['n']} | {c['size']:.1f} | {c['@10']:.3f} | {c['@20']:.3f} | {c['exact@20']:.3f} |")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        print(f"\njson: {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
