@@ -17,86 +17,61 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pgr_core import FoundFact, MiniLMEmbedder, Probe, SearchParams
+from ranking_replay import averaged, pgr_records, rebuild, tally
+
+from pgr_core import MiniLMEmbedder, SearchParams
 from pgr_core.evaluation import load_set
-from pgr_core.evaluation.metrics import recall_at, recall_exact
 from pgr_core.evaluation.runner import build_store
 from pgr_core.ranking import shared_order
 
 GRID = ((5, 0.3), (5, 0.2), (5, 0.0), (10, 0.3), (10, 0.2), (10, 0.0), (20, 0.0))
-BUDGETS = (10, 20)
 
 
 def reprobe(
     store: Any, trace: Sequence[Mapping[str, Any]], scope: Any, k: int, tau: float, share: float
 ) -> tuple[list[str], int]:
     """R* of one record with every step probe re-read at (k, tau); the query's probe as recorded."""
-    texts: list[tuple[str | None, str, list[str]]] = [
-        (step_id, text, ids) for rnd in trace if rnd["phase"] != "augment" for step_id, text, ids in rnd["probes"]
-    ]
-    steps = [text for step_id, text, _ in texts if step_id is not None]
+    rounds = [rnd for rnd in trace if rnd["phase"] != "augment"]
+    steps = [text for rnd in rounds for step_id, text, _ in rnd["probes"] if step_id is not None]
     fresh = iter(store.search_batch(steps, scope=scope, params=SearchParams(top_k=k, min_score=tau)) if steps else [])
-    found: dict[str, FoundFact] = {}
-    probes: list[Probe] = []
-    for step_id, text, ids in texts:
-        hits = [(fid, 0.0) for fid in ids] if step_id is None else [(h.fact.id, h.score) for h in next(fresh)]
-        probe = Probe(text=text, source="query" if step_id is None else "step", step_id=step_id, hits=hits)  # type: ignore[arg-type]
-        probes.append(probe)
-        for rank, (fid, score) in enumerate(hits):
-            fused = (1.5 if step_id is None else 1.0) / (60 + rank)
-            known = found.get(fid)
-            if known is None:
-                found[fid] = FoundFact(store.get(fid, scope=scope), score, fused, 0, text, step_id=step_id)
-            else:
-                known.rank_score = max(known.rank_score, fused)
+    reread = [
+        {
+            "phase": rnd["phase"],
+            "probes": [
+                (step_id, text, ids if step_id is None else [h.fact.id for h in next(fresh)])
+                for step_id, text, ids in rnd["probes"]
+            ],
+        }
+        for rnd in rounds
+    ]
+    found, probes = rebuild(reread)
     return [f.id for f in shared_order(found, probes, share)], len(found)
 
 
 def replay(
     data_path: Path, records_path: Path, methods: Sequence[str] | None, vector_cache: Path | None, share: float
 ) -> dict[str, Any]:
-    data = load_set("jsonl", data_path)
-    questions = {q.id: q for q in data.questions}
     embedder: Any = MiniLMEmbedder()
     if vector_cache is not None:
         from pgr_core.evaluation.cache import disk_cached_embedder
 
         embedder = disk_cached_embedder(embedder, vector_cache)
+    data = load_set("jsonl", data_path)
     store = build_store(data.facts, embedder)
-    records = [json.loads(line) for line in records_path.read_text(encoding="utf-8").splitlines()[1:] if line.strip()]
-    deep = {r["question"]: r["ids"] for r in records if r["method"] == "_deep"}
     report: dict[str, Any] = {}
-    for r in records:
-        name = r["method"]
-        if not name.startswith("pgr-") or (methods and name not in methods) or "trace" not in r.get("extra", {}):
-            continue
-        q = questions.get(r["question"])
-        if q is None or r["question"] not in deep:
-            continue
-        rows = report.setdefault(name, {})
-        lists = {"query-only": (list(deep[r["question"]]), 20), "recorded": (list(r["ids"]), len(r["ids"]))}
+    for r, q, deep in pgr_records(data, records_path, methods):
+        rows = report.setdefault(r["method"], {})
+        tally(rows, "query-only", deep, q, size=20)
+        tally(rows, "recorded", r["ids"], q, size=len(r["ids"]))
         for k, tau in GRID:
-            lists[f"K={k} τ={tau:g}"] = reprobe(store, r["extra"]["trace"], q.scope, k, tau, share)
-        for label, (ids, size) in lists.items():
-            cell = rows.setdefault(label, {"n": 0, "size": [], **{f"@{b}": [] for b in BUDGETS}, "exact@20": []})
-            cell["n"] += 1
-            cell["size"].append(size)
-            for b in BUDGETS:
-                cell[f"@{b}"].append(recall_at(ids, q.gold, b, missing=q.missing))
-            cell["exact@20"].append(recall_exact(ids[:20], q.gold, missing=q.missing))
-    return {
-        name: {
-            s: {key: (statistics.fmean(v) if isinstance(v, list) and v else v) for key, v in c.items()}
-            for s, c in rows.items()
-        }
-        for name, rows in report.items()
-    }
+            ids, size = reprobe(store, r["extra"]["trace"], q.scope, k, tau, share)
+            tally(rows, f"K={k} τ={tau:g}", ids, q, size=size)
+    return averaged(report)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,12 +26,12 @@ import argparse
 import json
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pgr_core import Fact, FoundFact, Probe, Scope
-from pgr_core.evaluation import load_set
+from pgr_core.evaluation import EvalQuestion, EvalSet, load_set
 from pgr_core.evaluation.metrics import recall_at, recall_exact
 from pgr_core.ranking import fused_order, shared_order
 
@@ -115,26 +115,35 @@ def orders(record: Mapping[str, Any], deep: Sequence[str]) -> dict[str, list[str
     return out
 
 
-def replay(data_path: Path, records_path: Path, methods: Sequence[str] | None) -> dict[str, Any]:
-    data = load_set("jsonl", data_path)
+def pgr_records(
+    data: EvalSet, records_path: Path, methods: Sequence[str] | None
+) -> Iterator[tuple[Mapping[str, Any], EvalQuestion, list[str]]]:
+    """Each PGR record with a compact trace, its question and the question's own deep list."""
     questions = {q.id: q for q in data.questions}
     records = [json.loads(line) for line in records_path.read_text(encoding="utf-8").splitlines()[1:] if line.strip()]
     deep = {r["question"]: r["ids"] for r in records if r["method"] == "_deep"}
-    report: dict[str, Any] = {}
     for r in records:
         name = r["method"]
         if not name.startswith("pgr-") or (methods and name not in methods) or "trace" not in r.get("extra", {}):
             continue
         q = questions.get(r["question"])
-        if q is None or r["question"] not in deep:
-            continue
-        rows = report.setdefault(name, {})
-        for strategy, ids in orders(r, deep[r["question"]]).items():
-            cell = rows.setdefault(strategy, {"n": 0, **{f"@{b}": [] for b in BUDGETS}, "exact@20": []})
-            cell["n"] += 1
-            for b in BUDGETS:
-                cell[f"@{b}"].append(recall_at(ids, q.gold, b, missing=q.missing))
-            cell["exact@20"].append(recall_exact(ids[:20], q.gold, missing=q.missing))
+        if q is not None and r["question"] in deep:
+            yield r, q, deep[r["question"]]
+
+
+def tally(rows: dict[str, Any], label: str, ids: Sequence[str], q: EvalQuestion, **more: float) -> None:
+    """Add one question's list under ``label``: recall at each budget, RecallExact@20, and ``more``."""
+    cell = rows.setdefault(label, {"n": 0, **{k: [] for k in more}, **{f"@{b}": [] for b in BUDGETS}, "exact@20": []})
+    cell["n"] += 1
+    for key, value in more.items():
+        cell[key].append(value)
+    for b in BUDGETS:
+        cell[f"@{b}"].append(recall_at(ids, q.gold, b, missing=q.missing))
+    cell["exact@20"].append(recall_exact(ids[:20], q.gold, missing=q.missing))
+
+
+def averaged(report: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """Every list of a tallied report replaced by its mean."""
     return {
         name: {
             s: {k: (statistics.fmean(v) if isinstance(v, list) and v else v) for k, v in c.items()}
@@ -142,6 +151,15 @@ def replay(data_path: Path, records_path: Path, methods: Sequence[str] | None) -
         }
         for name, rows in report.items()
     }
+
+
+def replay(data_path: Path, records_path: Path, methods: Sequence[str] | None) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    for r, q, deep in pgr_records(load_set("jsonl", data_path), records_path, methods):
+        rows = report.setdefault(r["method"], {})
+        for strategy, ids in orders(r, deep).items():
+            tally(rows, strategy, ids, q)
+    return averaged(report)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

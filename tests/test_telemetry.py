@@ -398,20 +398,16 @@ def test_token_and_duration_histograms_follow_the_conventions(otel: Collected) -
 # ---------------------------------------------------------------- without opentelemetry
 
 
+def scripted_cot(**options: Any) -> PGR:
+    """A CoT PGR over a fresh store and a fresh scripted LLM, outside any exporter."""
+    return PGR(make_store(), llm=ScriptedLLM(cot_replies()), strategy="cot", min_score=0.1, **options)
+
+
 def test_without_opentelemetry_everything_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    expected = PGR(make_store(), llm=ScriptedLLM(cot_replies()), strategy="cot", min_score=0.1, delta=3)
-    want = expected.retrieve(QUERY, scope=U1)
+    want = scripted_cot(delta=3).retrieve(QUERY, scope=U1)
     monkeypatch.setitem(sys.modules, "opentelemetry", None)  # `import opentelemetry` now fails
     lines: list[str] = []
-    pgr = PGR(
-        make_store(),
-        llm=ScriptedLLM(cot_replies()),
-        strategy="cot",
-        min_score=0.1,
-        delta=3,
-        record_content=True,
-        progress=lines.append,
-    )
+    pgr = scripted_cot(delta=3, record_content=True, progress=lines.append)
     assert pgr.telemetry.enabled is False
     got = pgr.retrieve(QUERY, scope=U1)
     assert got.ids == want.ids and got.trace.stop_reason == want.trace.stop_reason
@@ -425,15 +421,7 @@ def test_without_opentelemetry_everything_is_a_no_op(monkeypatch: pytest.MonkeyP
 
 def test_progress_says_a_line_before_each_llm_call_and_after_each_store_round() -> None:
     lines: list[str] = []
-    pgr = PGR(
-        make_store(),
-        llm=ScriptedLLM(cot_replies()),
-        strategy="cot",
-        min_score=0.1,
-        delta=3,
-        augment_min_score=0.1,
-        progress=lines.append,
-    )
+    pgr = scripted_cot(delta=3, augment_min_score=0.1, progress=lines.append)
     result = pgr.retrieve(QUERY, scope=U1)
     rounds = result.trace.rounds
     assert lines == [
@@ -452,15 +440,11 @@ def test_a_progress_callback_that_raises_does_not_break_the_call(caplog: pytest.
     def broken(line: str) -> None:
         raise RuntimeError("the terminal went away")
 
-    want = PGR(make_store(), llm=ScriptedLLM(cot_replies()), strategy="cot", min_score=0.1).retrieve(QUERY, scope=U1)
-    pgr = PGR(make_store(), llm=ScriptedLLM(cot_replies()), strategy="cot", min_score=0.1, progress=broken)
+    want = scripted_cot().retrieve(QUERY, scope=U1)
+    pgr = scripted_cot(progress=broken)
     with caplog.at_level(logging.WARNING, logger="pgr"):
         got = pgr.retrieve(QUERY, scope=U1)
-        asynced = asyncio.run(
-            PGR(make_store(), llm=ScriptedLLM(cot_replies()), strategy="cot", min_score=0.1, progress=broken).aretrieve(
-                QUERY, scope=U1
-            )
-        )
+        asynced = asyncio.run(scripted_cot(progress=broken).aretrieve(QUERY, scope=U1))
     assert got.ids == asynced.ids == want.ids and not got.degraded
     assert got.trace.usage.llm_calls == want.trace.usage.llm_calls
     warned = [r for r in caplog.records if "progress callback raised" in r.getMessage()]
