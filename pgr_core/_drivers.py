@@ -126,9 +126,7 @@ class Drivers:
         try:
             return _completion(await asyncio.wait_for(call, time_left), llm, effect)
         except TimeoutError:
-            raise LLMTimeoutError(
-                f"no answer in the {time_left:.3g}s the deadline left; the call was abandoned"
-            ) from None
+            raise LLMTimeoutError(_ABANDONED.format(seconds=time_left)) from None
 
     def _llm(self) -> LLM:
         if self.llm is None:  # a prospector that needs an LLM is refused at construction

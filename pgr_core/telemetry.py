@@ -194,6 +194,10 @@ class Telemetry:
             return _NO_SPAN
         return self._tracer.start_span(name, kind=self._api_kind("CLIENT"), attributes=_clean(attributes))
 
+    def _records(self, span: Any) -> bool:
+        """Whether content (opted in) goes on ``span``: only a recording span is worth the text."""
+        return self.record_content and span.is_recording()
+
     def _current(self, span: Any) -> Any:
         """Make ``span`` current meanwhile, so an instrumented HTTP client nests its spans under it."""
         if self._api is None:
@@ -326,9 +330,9 @@ class _Watch:
             "pgr.call": call,
         }
         span = t._start(f"chat {model}" if model else "chat", attributes)
-        if t.record_content and span.is_recording():
+        if t._records(span):
             span.set_attribute("gen_ai.input.messages", _input_messages(effect.messages))
-        metric = {k: v for k, v in attributes.items() if k in _METRIC_KEYS}
+        metric = _metric(attributes)
         with t._around(span, metric) as seen:
             yield seen
         self._answered(span, seen.value, metric, seen.seconds)
@@ -347,7 +351,7 @@ class _Watch:
                 }
             )
         )
-        if t.record_content and span.is_recording():
+        if t._records(span):
             span.set_attribute("gen_ai.output.messages", _output_messages(completion.text, reason))
         span.end()
         if completion.model:
@@ -369,9 +373,9 @@ class _Watch:
             "pgr.probes": len(effect.probes),
         }
         span = t._start(f"retrieval {self._store_id}", attributes)
-        if t.record_content and span.is_recording():
+        if t._records(span):
             span.set_attribute("gen_ai.retrieval.query.text", "\n".join(effect.probes))
-        metric = {k: v for k, v in attributes.items() if k in _METRIC_KEYS}
+        metric = _metric(attributes)
         with t._around(span, metric, failed=f"{self._round_label(effect)}: the store failed") as seen:
             yield seen
         t._measure(t._duration, seen.seconds, metric)
@@ -391,7 +395,7 @@ class _Watch:
             neighbours = sum(len(hits) for hits in done.hits) - direct
         new = len(rnd.new_fact_ids) if rnd is not None else None
         done.span.set_attributes(_clean({"pgr.hits": direct, "pgr.neighbours": neighbours, "pgr.new_facts": new}))
-        if self._t.record_content and done.span.is_recording():
+        if self._t._records(done.span):
             done.span.set_attribute("gen_ai.retrieval.documents", _documents(done.hits))
         done.span.end(end_time=done.end_ns)
         line = f"{self._round_label(done.effect)}: {_count(len(done.effect.probes), 'probe')}"
@@ -498,6 +502,11 @@ def _documents(hit_lists: Sequence[Sequence[Any]]) -> str:
             if h.neighbour_of is None:
                 doc["score"] = max(doc["score"], round(float(h.score), 6))
     return json.dumps(list(seen.values()), ensure_ascii=False)
+
+
+def _metric(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """The span attributes a metric carries too (:data:`_METRIC_KEYS`)."""
+    return {k: v for k, v in attributes.items() if k in _METRIC_KEYS}
 
 
 def _clean(attributes: Mapping[str, Any]) -> dict[str, Any]:
