@@ -416,7 +416,7 @@ def _allows_null(schema: Mapping[str, Any]) -> bool:
 
 def parse_json(
     text: str,
-    schema: Mapping[str, Any] | None = None,
+    schema: Schema = None,
     *,
     max_chars: int = MAX_REPLY_CHARS,
     max_depth: int = MAX_JSON_DEPTH,
@@ -640,7 +640,7 @@ class OpenAICompatible(_FlowLLM):
             return state
 
     # -- request building and error mapping, shared by sync and async
-    def _mode_for(self, schema: Mapping[str, Any] | None) -> str:
+    def _mode_for(self, schema: Schema) -> str:
         if schema is None or self.structured == "none":
             return "none"
         return "json_schema" if self.structured == "auto" else self.structured

@@ -93,9 +93,10 @@ class Meter(WrappedLLM):
         try:
             completion = yield request
         except Exception:
+            spent = time.perf_counter() - started
             self.calls += 1
-            self.inside += time.perf_counter() - started
-            self.llm_seconds += time.perf_counter() - started
+            self.inside += spent
+            self.llm_seconds += spent
             raise
         return self._count(completion, started)
 

@@ -215,7 +215,8 @@ def judge(example: TrainingExample, answer: str, llm: LLM | None) -> bool:
     LLM fails: an outage is no verdict."""
     if example.options:
         return chosen_letter(answer, len(example.options)) == example.gold_letter
-    if _normal(example.answer) and _normal(example.answer) in _normal(answer):
+    gold = _normal(example.answer)
+    if gold and gold in _normal(answer):
         return True
     if llm is None or not answer:
         return False
@@ -475,17 +476,18 @@ def induce(
             "outages": found.outages,
         }
         if not critiques:
+            reason = found.nothing_learned()
             history.append(
                 {
                     **row,
                     "version": best.version,
                     "val_score": best_score,
                     "accepted": False,
-                    "reason": found.nothing_learned(),
+                    "reason": reason,
                     "llm_calls": counted.calls - calls_before,
                 }
             )
-            say(f"step {step}: nothing to learn from this batch (train {train_score:.3f}): {found.nothing_learned()}")
+            say(f"step {step}: nothing to learn from this batch (train {train_score:.3f}): {reason}")
             _save(folder, best, history)
             continue
         # 4. aggregate, 5. edit
