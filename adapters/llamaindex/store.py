@@ -57,6 +57,7 @@ from pgr_core.store import Store, validate_probes
 from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams, owner_fields
 
 from .._flows import Flow, adrive, drive
+from .._owners import owner_key_guess
 
 __all__ = ["RetrieverStore"]
 
@@ -350,7 +351,7 @@ class RetrieverStore(Store):
             raise ConfigurationError(
                 f"none of the {len(nodes)} sampled nodes of this index names an owner under the metadata keys "
                 f"pgr filters on {keys}, so every search would come back empty; their metadata keys are {seen}. "
-                f'Map the key that holds the owner, e.g. scope_keys={{"user_id": "{_owner_key_guess(seen)}"}}, '
+                f'Map the key that holds the owner, e.g. scope_keys={{"user_id": "{owner_key_guess(seen)}"}}, '
                 "or, if the index holds one tenant's data only, pass single_tenant_scope=Scope(user_id=...) "
                 "(or scope_filter=lambda scope: <a retriever over that scope's data only>)"
             )
@@ -674,14 +675,6 @@ def _and(existing: MetadataFilters | None, scope: MetadataFilters) -> MetadataFi
     if existing.condition in (None, FilterCondition.AND):
         return MetadataFilters(filters=[*existing.filters, *scope.filters], condition=FilterCondition.AND)
     return MetadataFilters(filters=[existing, *scope.filters], condition=FilterCondition.AND)
-
-
-def _owner_key_guess(seen: Sequence[str]) -> str:
-    """The metadata key most likely to hold the owner, for the refusal's example; a placeholder if none."""
-    for key in seen:
-        if any(word in key.lower() for word in ("owner", "user", "tenant", "account")):
-            return key
-    return "<the key holding the user id>"
 
 
 def _date(value: Any) -> datetime | None:

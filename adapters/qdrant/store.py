@@ -72,6 +72,7 @@ from pgr_core.store import Store, validate_probes
 from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams, owner_fields
 
 from .._flows import Flow, adrive, drive
+from .._owners import owner_key_guess
 
 __all__ = ["DEFAULT_SCOPE_FIELDS", "TEXT_KEYS", "CollectionLayout", "QdrantStore"]
 
@@ -353,7 +354,7 @@ class QdrantStore(Store):
                 f"none of the {len(payloads)} sampled points of collection {self.collection!r} names an owner "
                 f"under the payload keys this store filters on {keys}, so every search would come back empty; "
                 f"their keys are {list(seen)}. Map the key that holds the owner, e.g. "
-                f'scope_fields={{"user_id": "{_owner_key_guess(seen, text_key)}"}}, or, if the collection '
+                f'scope_fields={{"user_id": "{owner_key_guess(seen, text_key)}"}}, or, if the collection '
                 "holds one tenant's data only, pass single_tenant_scope=Scope(user_id=...)"
             )
         if unowned:
@@ -614,9 +615,13 @@ class QdrantStore(Store):
 
     def _owner_fields(self, payload: Mapping[str, Any]) -> dict[str, str] | None:
         owner = owner_fields(payload, self.scope_fields)
-        if owner is not None and self.single_tenant_scope is not None:
-            owner = {**self.single_tenant_scope.as_dict(), **owner}  # the collection vouches for the rest
-        return owner
+        return None if owner is None else self._with_tenant(owner)
+
+    def _with_tenant(self, owner: dict[str, str]) -> dict[str, str]:
+        """``owner`` with the fields it leaves out taken from ``single_tenant_scope``, if any: the
+        collection vouches for the rest."""
+        tenant = self.single_tenant_scope
+        return owner if tenant is None else {**tenant.as_dict(), **owner}
 
     def _visible(self, points: Sequence[Any], scope: Scope) -> list[Any]:
         """The points ``scope`` may see; the others are dropped, counted and logged, never an error."""
@@ -697,8 +702,7 @@ class QdrantStore(Store):
         text_key = self.layout.text_key or "text"
         # plain strings only: a search has already dropped any point whose owner is not (owner_of)
         owner = {f: v for f, k in self.scope_fields.items() if isinstance(v := payload.get(k), str) and v.strip()}
-        if self.single_tenant_scope is not None:
-            owner = {**self.single_tenant_scope.as_dict(), **owner}
+        owner = self._with_tenant(owner)
         used = {text_key, FACT_ID_KEY, UPDATED_AT_KEY, TYPE_KEY, self.session_key, self.position_key}
         used.update(self.scope_fields.values(), self.date_keys, _LLAMA_BOOKKEEPING)
         session = payload.get(self.session_key)
@@ -1146,14 +1150,6 @@ def _check_scope_fields(scope_fields: Mapping[str, str] | None) -> dict[str, str
         if not isinstance(key, str) or not key:
             raise ConfigurationError(f"scope_fields[{field!r}] must be a payload key, got {key!r}")
     return fields
-
-
-def _owner_key_guess(seen: Sequence[str], text_key: str | None) -> str:
-    """The sampled key most likely to hold the owner, for the refusal's example; a placeholder if none."""
-    for key in seen:
-        if key != text_key and any(word in key.lower() for word in ("owner", "user", "tenant", "account")):
-            return key
-    return "<the key holding the user id>"
 
 
 def _text_of(payload: Mapping[str, Any], key: str) -> str | None:
