@@ -15,14 +15,12 @@ own R* order, the check that the replay at the run's K and τ gives what the run
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ranking_replay import averaged, pgr_records, rebuild, tally
+from ranking_replay import arguments, averaged, methods_of, pgr_records, publish, rebuild, tally
 
 from pgr_core import MiniLMEmbedder, SearchParams
 from pgr_core.evaluation import load_set
@@ -75,28 +73,13 @@ def replay(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True, help="the jsonl data set the records were run on")
-    ap.add_argument("--records", type=Path, required=True, help="a pgr eval .records.jsonl file")
-    ap.add_argument("--methods", default=None, help="comma-separated pgr-* methods (default: all in the file)")
+    ap = arguments(__doc__ or "")
     ap.add_argument("--vector-cache", type=Path, default=None, help="pgr eval's vector cache folder")
     ap.add_argument("--query-share", type=float, default=0.75)
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    methods = args.methods.split(",") if args.methods else None
-    report = replay(args.data, args.records, methods, args.vector_cache, args.query_share)
-    if not report:
-        print("no pgr-* records with a compact trace in that file", file=sys.stderr)
-        return 1
-    for name, rows in report.items():
-        print(f"\n{name}: the recorded steps re-probed (n = questions; R = facts found)\n")
-        print("| step probes | n | R | recall@10 | recall@20 | RecallExact@20 |\n|---|---|---|---|---|---|")
-        for label, c in rows.items():
-            print(f"| {label} | {c['n']} | {c['size']:.1f} | {c['@10']:.3f} | {c['@20']:.3f} | {c['exact@20']:.3f} |")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
-        print(f"\njson: {args.json}", file=sys.stderr)
-    return 0
+    report = replay(args.data, args.records, methods_of(args), args.vector_cache, args.query_share)
+    heading = "the recorded steps re-probed (n = questions; R = facts found)"
+    return publish(report, heading, "step probes", args.json, size=True)
 
 
 if __name__ == "__main__":

@@ -162,26 +162,47 @@ def replay(data_path: Path, records_path: Path, methods: Sequence[str] | None) -
     return averaged(report)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The options every replay script takes: --data, --records, --methods, --json."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="the jsonl data set the records were run on")
     ap.add_argument("--records", type=Path, required=True, help="a pgr eval .records.jsonl file")
     ap.add_argument("--methods", default=None, help="comma-separated pgr-* methods (default: all in the file)")
     ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
-    report = replay(args.data, args.records, args.methods.split(",") if args.methods else None)
+    return ap
+
+
+def methods_of(args: argparse.Namespace) -> list[str] | None:
+    return args.methods.split(",") if args.methods else None
+
+
+def publish(report: Mapping[str, Any], heading: str, first: str, json_path: Path | None, size: bool = False) -> int:
+    """Print each method's table (``heading`` after its name; ``first``: the label column; ``size``:
+    a column R of facts found) and write the JSON; 1, with a message, when the report is empty."""
     if not report:
         print("no pgr-* records with a compact trace in that file (rerun pgr eval with this version)", file=sys.stderr)
         return 1
+    cols = ["n", *(["R"] if size else []), "recall@10", "recall@20", "RecallExact@20"]
     for name, rows in report.items():
-        print(f"\n{name} (each strategy re-orders the same R; n = questions)\n")
-        print("| ranking | n | recall@10 | recall@20 | RecallExact@20 |\n|---|---|---|---|---|")
-        for strategy, c in rows.items():
-            print(f"| {strategy} | {c['n']} | {c['@10']:.3f} | {c['@20']:.3f} | {c['exact@20']:.3f} |")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
-        print(f"\njson: {args.json}", file=sys.stderr)
+        print(f"\n{name} {heading}\n")
+        print(f"| {first} | {' | '.join(cols)} |\n|{'---|' * (len(cols) + 1)}")
+        for label, c in rows.items():
+            cells = [
+                str(c["n"]),
+                *([f"{c['size']:.1f}"] if size else []),
+                *(f"{c[k]:.3f}" for k in ("@10", "@20", "exact@20")),
+            ]
+            print(f"| {label} | {' | '.join(cells)} |")
+    if json_path:
+        json_path.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        print(f"\njson: {json_path}", file=sys.stderr)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments(__doc__ or "").parse_args(argv)
+    report = replay(args.data, args.records, methods_of(args))
+    return publish(report, "(each strategy re-orders the same R; n = questions)", "ranking", args.json)
 
 
 if __name__ == "__main__":
