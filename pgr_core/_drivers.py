@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ._budget import BudgetStop, Meter
-from ._effects import Ask, Flow, Search
+from ._effects import Ask, Effect, Flow, Search, Typicality
 from .caches import counting_embeddings
 from .errors import ConfigurationError, LLMError, LLMTimeoutError, StoreError
 from .llm import LLM, Completion, plausible_usage
@@ -22,6 +22,7 @@ from .trace import Usage
 from .types import Budget
 
 if TYPE_CHECKING:
+    from .centring import MemoryCentre
     from .config import PGRConfig
     from .store import Store
     from .telemetry import Telemetry
@@ -40,6 +41,7 @@ class Drivers:
     llm: LLM | None
     config: PGRConfig
     telemetry: Telemetry  # spans, metrics and progress lines of every effect (pgr_core.telemetry)
+    centre: MemoryCentre | None  # the scopes' mean vectors, for centred scores (None: centring off)
 
     def _drive(self, flow: Flow, meter: Meter | None = None) -> Any:
         """Run a flow with blocking calls (its embeddings counted, and cached or not, as configured)."""
@@ -70,18 +72,25 @@ class Drivers:
         to_send: Any = None
         to_throw: BaseException | None = None
         while True:
+            effect: Effect | None = None
             try:
                 effect = flow.throw(to_throw) if to_throw is not None else flow.send(to_send)
             except StopIteration as stop:
                 return stop.value
             finally:
-                watch.moved_on()  # the flow has folded the last round's hits in: its Δ is known
+                if not isinstance(effect, Typicality):  # (a round's centring comes before its merge)
+                    watch.moved_on()  # the flow has folded the last round's hits in: its Δ is known
             to_send, to_throw = None, None
             try:
                 if isinstance(effect, Search):
                     with watch.search(effect) as seen:
                         seen.value = yield effect
                     to_send = seen.value
+                elif isinstance(effect, Typicality):
+                    try:
+                        to_send = yield effect
+                    except Exception as exc:  # centring refines an order: the flow goes on without it
+                        to_throw = exc
                 else:
                     meter.admit(effect)
                     with watch.ask(effect) as seen, self._billing(effect) as box:
@@ -91,17 +100,26 @@ class Drivers:
             except (LLMError, StoreError, BudgetStop) as exc:
                 to_throw = meter.explain(exc, effect)
 
-    def _perform(self, effect: Search | Ask, meter: Meter) -> Any:
+    def _perform(self, effect: Effect, meter: Meter) -> Any:
         """One effect with a blocking call."""
         if isinstance(effect, Search):
             return self.store._checked_search(effect.probes, effect.scope, effect.params)
+        if isinstance(effect, Typicality):
+            return self._typicality(effect)
         return self._ask(effect, meter.time_left())
 
-    async def _aperform(self, effect: Search | Ask, meter: Meter) -> Any:
+    async def _aperform(self, effect: Effect, meter: Meter) -> Any:
         """One effect with an awaited call."""
         if isinstance(effect, Search):
             return await self.store._achecked_search(effect.probes, effect.scope, effect.params)
+        if isinstance(effect, Typicality):  # reads the store and may embed: off the event loop
+            return await asyncio.to_thread(self._typicality, effect)
         return await self._aask(effect, meter.time_left())
+
+    def _typicality(self, effect: Typicality) -> dict[str, float]:
+        if self.centre is None:
+            raise ConfigurationError("centring is off (centring=None)")
+        return self.centre.typicality(effect.scope, effect.fact_ids, effect.texts)
 
     def _ask(self, effect: Ask, time_left: float | None) -> Completion:
         """One blocking LLM call, bounded by the time the deadline leaves (None: unbounded)."""
@@ -166,7 +184,7 @@ class _Run:
         self._steps = steps
         self.value: Any = None
 
-    def resume(self, result: Any = None, failure: BaseException | None = None) -> Search | Ask | None:
+    def resume(self, result: Any = None, failure: BaseException | None = None) -> Effect | None:
         try:
             return self._steps.throw(failure) if failure is not None else self._steps.send(result)
         except StopIteration as stop:
@@ -174,7 +192,7 @@ class _Run:
             return None
 
 
-def _outcome(perform: Callable[[Search | Ask, Meter], Any], effect: Search | Ask, meter: Meter) -> Outcome:
+def _outcome(perform: Callable[[Effect, Meter], Any], effect: Effect, meter: Meter) -> Outcome:
     """(result, None) or (None, the exception): every failure goes back into the flow's steps, which
     handle what they know and close their spans on the rest before it propagates."""
     try:

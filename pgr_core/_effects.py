@@ -1,4 +1,5 @@
-"""The two things the retrieval flow asks the outside world for.
+"""The things the retrieval flow asks the outside world for: store searches, LLM calls, and how typical
+of a scope's memory some facts are (for centred scores, :mod:`pgr_core.centring`).
 
 The policy and the prospectors are written as generators that ``yield`` these effects and receive
 their results, so one flow serves both the sync and the async API (no duplicated logic): the driver
@@ -36,4 +37,14 @@ class Ask:
     trace: Trace  # where the call's usage is billed
 
 
-Flow = Generator[Search | Ask, Any, Any]
+@dataclass(frozen=True)
+class Typicality:
+    """Each fact's mean cosine to the facts of ``scope`` (:meth:`pgr_core.centring.MemoryCentre.typicality`)."""
+
+    fact_ids: Sequence[str]
+    texts: Sequence[str]
+    scope: Scope  # the memory a fact is compared with is the caller's own
+
+
+Effect = Search | Ask | Typicality
+Flow = Generator[Effect, Any, Any]

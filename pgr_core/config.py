@@ -47,6 +47,14 @@ class PGRConfig:
       larger share lost less of the query's own finds; see benchmarks/RESULTS.md).
     - ``query_weight``: weight of the query's own hit list under ``"fused"``.
     - ``answer_context_tokens``: how much of R* (in its order) the answer prompt holds (1500 tokens).
+    - ``centring``: w, how far every probe's scores are centred on the scope's memory (1.0; ``None`` or
+      0: off): a fact's cosine to a probe loses w x its mean cosine to the scope's facts, so the facts
+      typical of everything the user says stop crowding out the specific ones (see
+      :mod:`pgr_core.centring`; no LLM). The floor τ still reads the store's cosine. Needs a store
+      that can list a scope's facts (``facts_for``) and give their vectors (``vectors_for``) or an
+      embedder; where it cannot, the call runs uncentred and its trace says why. ``query_only()``
+      is never centred: it is the baseline.
+    - ``centring_depth``: how many candidates per probe the centred order is taken from (100).
     - ``budget``: the :class:`Budget` every call runs under (LLM calls, tokens, deadline; no cap by
       default). A call's own ``budget=`` can only tighten it.
 
@@ -83,6 +91,8 @@ class PGRConfig:
     ranking: str = "shared"
     query_share: float = 0.75
     answer_context_tokens: int = 1500
+    centring: float | None = 1.0
+    centring_depth: int = 100
     augment: bool = True
     hygiene: Hygiene = field(default_factory=Hygiene)
     budget: Budget = field(default_factory=Budget)
@@ -135,6 +145,12 @@ class PGRConfig:
         t = self.answer_context_tokens
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise InvalidArgumentError(f"answer_context_tokens must be an integer >= 1, got {t!r}")
+        c = self.centring
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int | float) or not 0.0 <= c <= 5.0):
+            raise InvalidArgumentError(f"centring must be None or a number in [0, 5], got {c!r}")
+        d = self.centring_depth
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            raise InvalidArgumentError(f"centring_depth must be an integer >= 1, got {d!r}")
         if not self.query_weight >= 0:
             raise InvalidArgumentError(f"query_weight must be >= 0, got {self.query_weight!r}")
 

@@ -30,8 +30,9 @@ from typing import Any
 from ._budget import BudgetStop, Meter
 from ._dates import DateLike, as_utc, check_same_kind, parse_date
 from ._drivers import Drivers
-from ._effects import Ask, Flow, Search
+from ._effects import Ask, Flow, Search, Typicality
 from .caches import CachedEmbedder, ProspectionCache, Reusable, current_count
+from .centring import MemoryCentre, centred, hit_texts
 from .config import PGRConfig
 from .embedders import Embedder
 from .errors import ConfigurationError, InvalidArgumentError, LLMError, StoreError
@@ -176,6 +177,8 @@ class PGR(Savings, Drivers):
         self.embedder: Embedder | None = (
             CachedEmbedder.wrap(embedder, max_entries=cfg.embedding_cache_size) if embedder is not None else None
         )
+        # every probe's scores centred on the scope's memory (pgr_core.centring); query_only() never is
+        self.centre = MemoryCentre(store, self.embedder) if cfg.centring else None
         self.phase1_cache: ProspectionCache | None = None
         if cfg.phase1_reuse:
             if self.embedder is None:
@@ -536,7 +539,7 @@ class PGR(Savings, Drivers):
         rnd = self._new_round(p, "query_only")
         try:
             with self._phase(trace, "query_only"):
-                yield from self._search(p, rnd, [Probe(query, "query")], params)
+                yield from self._search(p, rnd, [Probe(query, "query")], params, centre=False)
             trace.stop_reason = "query_only"
         except StoreError as exc:
             trace.degrade("store_error", exc)
@@ -602,27 +605,48 @@ class PGR(Savings, Drivers):
         *,
         count: bool = True,
         limits: Sequence[tuple[int, float]] | None = None,
+        centre: bool = True,
     ) -> Flow:
         """One store call for the whole round; fold the hits into R (when ``count``).
 
-        ``limits`` cuts each probe's list to its own (K, τ); neighbours follow their anchor."""
+        ``limits`` cuts each probe's list to its own (K, τ); neighbours follow their anchor. Centred
+        (``centre`` and ``PGRConfig.centring``), each probe reads ``centring_depth`` candidates and is cut
+        to its (K, τ) by centred score (:func:`pgr_core.centring.centred`)."""
+        cfg = self.config
+        centring = centre and self.centre is not None and p.trace.centring_off is None
+        if centring:
+            limits = list(limits) if limits is not None else [(params.top_k, params.min_score)] * len(probes)
+            params = params.with_(top_k=max(params.top_k, cfg.centring_depth), min_score=0.0)
         t0 = time.perf_counter()
         rnd.probes.extend(probes)
         rnd.store_calls += 1
+        typical: dict[str, float] | None = None
         try:
             with self._embeds(p.trace, rnd.phase):  # the store's own embedding of the probes
                 hit_lists: list[list[Hit]] = yield Search([pr.text for pr in probes], params, p.scope, rnd)
+                if centring:
+                    try:
+                        typical = yield Typicality(*hit_texts(hit_lists), p.scope)
+                    except Exception as exc:  # the call goes on uncentred, and says why
+                        p.trace.centring_off = f"{type(exc).__name__}: {exc}"
         finally:  # a failed call is billed too
             seconds = time.perf_counter() - t0
             rnd.search_seconds += seconds
             spent = Usage(store_calls=1, store_seconds=seconds)
             p.trace.usage.add(spent)
             p.trace.usage_by_phase.setdefault(rnd.phase, Usage()).add(spent)
-        if limits is not None:
+        raw: dict[str, float] | None = None  # the anchors' own cosines, when their scores are centred
+        if typical is not None and cfg.centring:
+            p.trace.centring = cfg.centring
+            raw = {h.fact.id: h.score for hits in hit_lists for h in hits if h.neighbour_of is None}
+            hit_lists = [
+                centred(hits, typical, cfg.centring, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)
+            ]
+        elif limits is not None:
             hit_lists = [cut_hits(hits, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)]
         decay = self.config.neighbour_decay
         if decay is not None:  # a window neighbour earns its place in the probe's list (ranking.earned_order)
-            hit_lists = [earned_order(h, decay) if any(x.neighbour_of for x in h) else h for h in hit_lists]
+            hit_lists = [earned_order(h, decay, raw) if any(x.neighbour_of for x in h) else h for h in hit_lists]
         for probe, hits in zip(probes, hit_lists, strict=True):
             probe.hits = [(h.fact.id, round(h.score, 6)) for h in hits if h.neighbour_of is None]
             probe.neighbours = [h.fact.id for h in hits if h.neighbour_of is not None]

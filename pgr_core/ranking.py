@@ -37,13 +37,18 @@ __all__ = ["RANKINGS", "Choice", "choose", "earned_order", "fused_order", "llm_o
 RANKINGS = ("fused", "shared", "llm")
 
 
-def earned_order(hits: Sequence[Hit], decay: float) -> list[Hit]:
+def earned_order(hits: Sequence[Hit], decay: float, raw: Mapping[str, float] | None = None) -> list[Hit]:
     """One probe's list with each window neighbour ranked by what it earns, ``rank`` renumbered.
 
     A neighbour ``d`` turns from its anchor (1 when either has no position) earns ``decay**d`` x the
     anchor's score (a negative score is divided instead, so it still ranks below its anchor); one that
     several anchors bring keeps the most it earns, and a fact the probe also hit directly keeps its
     direct place. Ties keep the store's order, so an anchor stays ahead of its neighbours.
+
+    ``raw``: the anchors' own cosines when their scores are centred (:mod:`pgr_core.centring`). A
+    neighbour then loses what it would lose in cosine, ``(1 - decay**d) x`` the anchor's cosine, from
+    the anchor's centred score: the same step down as uncentred, where a fraction of a small centred
+    score would be almost none and every neighbour would ride behind its anchor again.
 
     >>> from pgr_core.types import Fact, Scope
     >>> def turn(i, pos): return Fact(f"t{i}", "x", Scope(user_id="u"), session_id="s", position=pos)
@@ -62,7 +67,10 @@ def earned_order(hits: Sequence[Hit], decay: float) -> list[Hit]:
             continue
         a, n = anchor.fact.position, hit.fact.position
         factor = decay ** (abs(n - a) if a is not None and n is not None and n != a else 1)
-        earned = anchor.score * factor if anchor.score >= 0 else anchor.score / factor
+        if raw is not None and hit.neighbour_of in raw:
+            earned = anchor.score - (1 - factor) * abs(raw[hit.neighbour_of])
+        else:
+            earned = anchor.score * factor if anchor.score >= 0 else anchor.score / factor
         if hit.fact.id not in best or earned > best[hit.fact.id][1].score:
             best[hit.fact.id] = (at, replace(hit, score=earned))
     ranked = sorted(best.values(), key=lambda entry: (-entry[1].score, entry[0]))

@@ -68,7 +68,7 @@ class Savings:
         params = SearchParams(max(cfg.query_only_k, cfg.augment_top_k), 0.0, window=cfg.window)
         with self._phase(p.trace, "augment"):
             try:
-                hits = yield from self._search(p, rnd, [Probe(p.query, "query")], params, count=False)
+                hits = yield from self._search(p, rnd, [Probe(p.query, "query")], params, count=False, centre=False)
             except StoreError as exc:  # Phase 1 still probes the query: the store may answer that
                 p.trace.degrade("store_error", exc)
                 return None

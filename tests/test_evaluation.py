@@ -544,9 +544,15 @@ def test_report_only_rewrites_the_report_from_records(tmp_path: Path) -> None:
 
 
 def test_pgr_none_the_no_llm_default_returns_the_query_only_list() -> None:
+    # uncentred, pgr-none is exactly the question's own list; centred (the default) it holds the same
+    # facts here (the user has fewer than 20), in the centred order
     store, data = _small_set()
-    rows = run_eval(data, ["query-only", "pgr-none", "query-only+w1", "pgr-none+w1"], store, log=lambda s: None)
-    ids = {(r["method"], r["question"]): r["ids"] for r in rows}
+    methods = ["query-only", "pgr-none", "query-only+w1", "pgr-none+w1"]
+    plain = run_eval(data, methods, store, overrides={"centring": None}, log=lambda s: None)
+    ids = {(r["method"], r["question"]): r["ids"] for r in plain}
+    centred = {(r["method"], r["question"]): r["ids"] for r in run_eval(data, methods, store, log=lambda s: None)}
     for q in data.questions:
         assert ids[("pgr-none", q.id)] == ids[("query-only", q.id)]
         assert ids[("pgr-none+w1", q.id)][:20] == ids[("query-only+w1", q.id)]
+        assert sorted(centred[("pgr-none", q.id)]) == sorted(ids[("query-only", q.id)])
+        assert centred[("query-only", q.id)] == ids[("query-only", q.id)]  # the baseline is never centred

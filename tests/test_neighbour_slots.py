@@ -98,13 +98,13 @@ def test_a_neighbour_displaces_a_direct_hit_only_when_it_outscores_it() -> None:
 
 def test_retrieve_ranks_r_star_by_the_earned_order_and_the_trace_keeps_it() -> None:
     store = _store()
-    earned = PGR(store, window=1, query_top_k=4).retrieve("q", scope=U)
+    earned = PGR(store, window=1, query_top_k=4, centring=None).retrieve("q", scope=U)
     assert earned.ids[:8] == ["t1", "d1", "t0", "t2", "d2", "t6", "t5", "t7"]  # t6's neighbours earn 0.4
     probe = earned.trace.rounds[0].probes[0]
     assert probe.order == ["t1", "d1", "t0", "t2", "d2", "t6", "t5", "t7"]
     assert [fid for fid, _ in probe.hits] == ["t1", "d1", "d2", "t6"]
     assert set(probe.neighbours) == {"t0", "t2", "t5", "t7"}
-    glued = PGR(store, window=1, query_top_k=4, neighbour_decay=None).retrieve("q", scope=U)
+    glued = PGR(store, window=1, query_top_k=4, neighbour_decay=None, centring=None).retrieve("q", scope=U)
     assert glued.ids[:8] == ["t1", "t0", "t2", "d1", "d2", "t6", "t5", "t7"]
     assert glued.trace.rounds[0].probes[0].order == []  # glued: the trace keeps the hits' order only
 

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from pgr_core import PGR, Fact, FoundFact, HashingEmbedder, InMemoryStore, Probe, Scope
+from pgr_core.centring import centred
 from pgr_core.ranking import choose, fused_order, llm_order, shared_order
 from pgr_core.testing import ScriptedLLM
+from pgr_core.types import SearchParams
 
 U = Scope(user_id="u1")
 QUERY = "Should I join a soccer league this summer?"
@@ -61,14 +63,20 @@ def test_a_step_found_fact_reaches_the_revise_prompt_top_20_and_the_answer_promp
     revise = [c for c in llm.calls if "revising a plan" in c.prompt]
     assert revise and all(FAR[k] in revise[0].prompt for k in FAR)
     personalized = next(r for r in result.trace.rounds if r.phase == "personalized")
-    assert set(FAR) <= set(personalized.prompt_fact_ids[:3])  # the last round's finds come first
+    # centred, the query's own list reaches the tram fact (25 look-alikes are typical, it is not);
+    # the steps find the other two, and the last round's step finds come first in the revise prompt
+    by_steps = {f.id for f in result.facts if f.id in FAR and f.step_id is not None}
+    assert by_steps == {"knee", "class"}
+    assert by_steps <= set(personalized.prompt_fact_ids[:2])
+    assert set(FAR) <= set(personalized.prompt_fact_ids)
     assert all(FAR[k] in llm.calls[-1].prompt for k in FAR)  # the answer prompt holds them
     assert set(FAR) <= set(result.trace.answer_fact_ids)
 
 
 def test_revise_prompt_lists_delta_first_with_age_and_finding_step() -> None:
     llm = scripted()
-    PGR(far_store(), llm=llm, strategy="tot", min_score=0.1).retrieve(QUERY, scope=U, date="2025-05-01")
+    # uncentred, so that the steps alone find the three (centred, the query's list finds the tram fact)
+    PGR(far_store(), llm=llm, strategy="tot", min_score=0.1, centring=None).retrieve(QUERY, scope=U, date="2025-05-01")
     prompt = next(c.prompt for c in llm.calls if "revising a plan" in c.prompt)
     records = re.findall(r'<record id="(r\d+)" step="([\w.-]+)" noted="([^"]+)">"([^"]*)"</record>', prompt)
     first = {text: (step, noted) for _, step, noted, text in records[:3]}
@@ -207,18 +215,26 @@ def test_fused_ranking_keeps_the_query_only_head() -> None:
     store = far_store()
     pgr = PGR(store, llm=scripted(), strategy="tot", min_score=0.1, ranking="fused")
     result = pgr.retrieve(QUERY, scope=U)
-    assert {f.id for f in result.top(20)} == set(pgr.query_only(QUERY, scope=U).ids)
+    query_list = PGR(store).retrieve(QUERY, scope=U)  # the query's own list, centred as every probe is
+    assert {f.id for f in result.top(20)} == set(query_list.ids[:20])
     assert result.trace.ranking == "fused"
+    uncentred = PGR(store, llm=scripted(), strategy="tot", min_score=0.1, ranking="fused", centring=None)
+    assert {f.id for f in uncentred.retrieve(QUERY, scope=U).top(20)} == set(pgr.query_only(QUERY, scope=U).ids)
 
 
-def test_without_an_llm_the_default_is_the_query_only_list() -> None:
+def test_without_an_llm_the_default_is_the_query_only_list_centred() -> None:
     store = far_store()
     pgr = PGR(store)
     assert pgr.prospector.name == "none"
+    deep = store.search_batch([QUERY], scope=U, params=SearchParams(top_k=100, min_score=0.0))[0]
+    typical = pgr.centre.typicality(U, [h.fact.id for h in deep], [h.fact.text for h in deep])  # type: ignore[union-attr]
+    by_hand = [h.fact.id for h in centred(deep, typical, 1.0, 20, 0.0)]
     for window in (0, 1):
         result = PGR(store, window=window).retrieve(QUERY, scope=U)
-        assert result.ids == PGR(store, window=window).query_only(QUERY, scope=U).ids
+        assert [f.id for f in result.facts if f.via == "hit"] == by_hand
         assert result.trace.usage.llm_calls == 0 and result.trace.store_calls == 1
+        plain = PGR(store, window=window, centring=None).retrieve(QUERY, scope=U)
+        assert plain.ids == PGR(store, window=window).query_only(QUERY, scope=U).ids
 
 
 def test_the_answer_context_is_cut_to_its_token_budget() -> None:

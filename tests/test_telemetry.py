@@ -178,7 +178,7 @@ def test_a_cot_run_gives_a_root_with_its_chat_and_retrieval_spans_in_order(otel:
         assert dict(span.attributes or {}) == {
             "gen_ai.operation.name": "retrieval",
             "gen_ai.data_source.id": "InMemoryStore",
-            "gen_ai.request.top_k": float({"augment": 5, "initial": 20, "personalized": 5}[rnd.phase]),
+            "gen_ai.request.top_k": 100.0,  # every round reads centring_depth candidates, cut per probe after
             "pgr.phase": rnd.phase,
             "pgr.round": rnd.index,
             "pgr.probes": len(rnd.probes),

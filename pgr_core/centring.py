@@ -1,0 +1,173 @@
+"""Scores centred on the user's memory: a fact that resembles everything the user says stops crowding
+out the one fact that matters.
+
+An under-specified request ("any ideas for the weekend?") sits close to the middle of a person's memory
+in embedding space, so the facts that come first by cosine are the *typical* ones, each a little like
+everything (the same hobby mentioned twenty times), while the fact that changes the answer (a knee
+operation, a sold car) is specific and sits further out. pgr centres every probe's scores on the memory
+of the scope it searches:
+
+    centred(probe, f) = cos(probe, f) - w x typicality(f),   typicality(f) = f . mean of the scope's facts
+
+``typicality(f)`` is the mean cosine of ``f`` to the scope's facts (unit vectors; ``f`` itself included),
+so this is a probe vector shifted away from the scope's centre: no LLM, one mean vector per scope. It is
+the hubness correction of cross-lingual retrieval (Conneau et al.'s CSLS, with the whole memory as the
+neighbourhood) applied to one person's memory. The floor τ still reads the store's own cosine; the order
+and the cut to K read the centred score, over a deeper candidate list (``PGRConfig.centring_depth``).
+
+Measured with MiniLM, no LLM, the question's own list at 20 facts (benchmarks/RESULTS.md): MQ-lite
+facts 0.355 -> 0.400 at w = 1, turns 0.237 -> 0.319; LoCoMo 0.521 -> 0.550; PrefEval 0.970 -> 0.990.
+
+:class:`MemoryCentre` keeps one mean vector per scope, built from the store's own vectors
+(``vectors_for``) or, for a store that has none to give, from its embedder over ``facts_for``, and
+dropped as soon as the store reports a write in that scope.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .types import Hit, Scope
+
+if TYPE_CHECKING:
+    from .embedders import Embedder
+    from .store import Store
+
+__all__ = ["CentringUnavailable", "MemoryCentre", "centred"]
+
+_MAX_EMBEDDED = 2000  # a store that gives no vectors: the mean of an even sample of at most this many facts
+
+
+class CentringUnavailable(Exception):
+    """The store cannot give what centring needs (its facts' vectors, or a list of a scope's facts)."""
+
+
+def _unit(a: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(a, axis=-1, keepdims=True)
+    return a / np.where(norms == 0, 1.0, norms)
+
+
+class MemoryCentre:
+    """The mean unit vector of each scope's facts, and each fact's typicality against it.
+
+    Thread-safe; a scope's mean is rebuilt after the store reports a write there (a build that started
+    before the write is not kept). At most ``max_scopes`` means are kept, least recently used first out.
+    """
+
+    def __init__(self, store: Store, embedder: Embedder | None, *, max_scopes: int = 256) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.max_scopes = max_scopes
+        self._means: OrderedDict[Scope, np.ndarray] = OrderedDict()
+        self._generation = 0
+        self._lock = threading.Lock()
+        store.add_listener(self.invalidate)  # held weakly: dropping the PGR drops this
+
+    def invalidate(self, scopes: Collection[Scope] | None = None) -> None:
+        """Store listener: forget the mean of every scope that can see a fact owned by ``scopes`` (all of
+        them when None, or when an owner cannot be matched). Never raises."""
+        with self._lock:
+            self._generation += 1  # a mean being built now is not kept: the facts it read may be stale
+            try:
+                owners = None if scopes is None else list(scopes)
+                stale = [s for s in self._means if owners is None or any(s.allows(o) for o in owners)]
+            except Exception:
+                stale = list(self._means)
+            for scope in stale:
+                del self._means[scope]
+
+    def typicality(self, scope: Scope, fact_ids: Sequence[str], texts: Sequence[str]) -> dict[str, float]:
+        """fact id -> its mean cosine to ``scope``'s facts. Raises :class:`CentringUnavailable`."""
+        if not fact_ids:
+            return {}
+        mean = self._mean(scope)
+        vectors = self._vectors(scope, list(fact_ids), list(texts))
+        return {fid: float(v) for fid, v in zip(fact_ids, vectors @ mean, strict=True)}
+
+    # ------------------------------------------------------------------ internals
+
+    def _mean(self, scope: Scope) -> np.ndarray:
+        with self._lock:
+            mean = self._means.get(scope)
+            if mean is not None:
+                self._means.move_to_end(scope)
+                return mean
+            generation = self._generation
+        lister = getattr(self.store, "facts_for", None)
+        if not callable(lister):
+            raise CentringUnavailable(f"{type(self.store).__name__} cannot list a scope's facts (no facts_for)")
+        facts = list(lister(scope))
+        if not facts:
+            mean = np.zeros(1, dtype=np.float32)
+        else:
+            if getattr(self.store, "vectors_for", None) is None and len(facts) > _MAX_EMBEDDED:
+                step = len(facts) / _MAX_EMBEDDED
+                facts = [facts[int(i * step)] for i in range(_MAX_EMBEDDED)]
+            mean = self._vectors(scope, [f.id for f in facts], [f.text for f in facts]).mean(axis=0)
+        with self._lock:
+            if self._generation == generation:  # no write meanwhile: keep it
+                self._means[scope] = mean
+                while len(self._means) > self.max_scopes:
+                    self._means.popitem(last=False)
+        return mean
+
+    def _vectors(self, scope: Scope, ids: list[str], texts: list[str]) -> np.ndarray:
+        own = getattr(self.store, "vectors_for", None)
+        if callable(own):
+            try:
+                return _unit(np.asarray(own(ids, scope=scope), dtype=np.float32))
+            except KeyError:
+                pass  # a fact written meanwhile, or one the store resolves differently: embed instead
+        if self.embedder is None:
+            raise CentringUnavailable(
+                f"{type(self.store).__name__} gives no vectors (vectors_for) and no embedder was given: "
+                "pass PGR(..., embedder=...) or centring=None"
+            )
+        return _unit(np.asarray(self.embedder.embed(texts), dtype=np.float32))
+
+
+def centred(
+    hits: Sequence[Hit], typicality: Mapping[str, float], weight: float, top_k: int, min_score: float
+) -> list[Hit]:
+    """One probe's deep list cut to (K, τ) by centred score: τ on the store's score, then the direct hits
+    ordered by ``score - weight x typicality`` (their scores now the centred ones, ``rank`` renumbered)
+    and cut to ``top_k``; each kept hit's window neighbours follow it, at its rank. A hit with no
+    typicality (none could be had for it) keeps its own score.
+
+    >>> from pgr_core.types import Fact, Scope
+    >>> def hit(i, s, r): return Hit(Fact(f"f{i}", "x", Scope(user_id="u")), s, r)
+    >>> hits = [hit(1, 0.6, 0), hit(2, 0.5, 1), hit(3, 0.4, 2), hit(4, 0.2, 3)]
+    >>> typical = {"f1": 0.5, "f2": 0.1, "f3": 0.1, "f4": 0.0}
+    >>> [(h.fact.id, h.rank, round(h.score, 2)) for h in centred(hits, typical, 1.0, 2, 0.3)]
+    [('f2', 0, 0.4), ('f3', 1, 0.3)]
+    """
+    direct = [h for h in hits if h.neighbour_of is None and h.score >= min_score]
+    scored = sorted(
+        ((h.score - weight * typicality.get(h.fact.id, 0.0), at, h) for at, h in enumerate(direct)),
+        key=lambda entry: (-entry[0], entry[1]),
+    )[:top_k]
+    by_anchor: dict[str, list[Hit]] = {}
+    for h in hits:
+        if h.neighbour_of is not None:
+            by_anchor.setdefault(h.neighbour_of, []).append(h)
+    out: list[Hit] = []
+    for rank, (score, _, h) in enumerate(scored):
+        out.append(replace(h, score=score, rank=rank))
+        out.extend(replace(n, rank=rank) for n in by_anchor.get(h.fact.id, ()))
+    return out
+
+
+def hit_texts(hit_lists: Sequence[Sequence[Hit]]) -> tuple[list[str], list[str]]:
+    """The distinct direct hits of a round: (fact ids, texts), in first-seen order."""
+    seen: dict[str, str] = {}
+    for hits in hit_lists:
+        for h in hits:
+            if h.neighbour_of is None and h.fact.id not in seen:
+                seen[h.fact.id] = h.fact.text
+    return list(seen), list(seen.values())
