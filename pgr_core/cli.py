@@ -39,13 +39,13 @@ class Interrupted(Exception):  # Ctrl-C, with what the command kept
 
 NO_LLM_NOTE = (
     "No LLM configured (set PGR_LLM_BASE_URL and PGR_LLM_MODEL to use one): no prospection, the query's own "
-    "top 20 (query-only). --strategy facet prospects without an LLM, but on MQ-lite it found less than the "
-    "query alone at an equal number of facts."
+    "top 20 centred on this user's memory (--query-only for the plain search). --strategy facet prospects "
+    "without an LLM, but on MQ-lite it found less than the query alone at an equal number of facts."
 )
 DEMO_NO_LLM_NOTE = (
     "No LLM configured (set PGR_LLM_BASE_URL and PGR_LLM_MODEL to use one): the PGR side runs the LLM-free "
-    "facet prospector, which is not the no-LLM default (that is query-only: facet finds less than the query "
-    "alone at an equal number of facts on MQ-lite)."
+    "facet prospector, which is not the no-LLM default (that is the query's own list, centred: facet finds "
+    "less than the query alone at an equal number of facts on MQ-lite)."
 )
 
 
