@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import numpy as np
 import pytest
 
 from ..anticipating import Anticipating
@@ -210,6 +211,29 @@ class StoreConformance:
             result = pgr.retrieve("Should I start running again?", scope=ALICE)
             assert result.facts and not result.degraded
             assert all(ALICE.allows(_owner_of(f.text)) for f in result.facts)
+
+    def test_pgr_is_centred_on_the_callers_own_memory_or_says_why(self, store: Store) -> None:
+        query = "Should I start running again?"
+        pgr = PGR(store)  # no LLM: the query's own list, centred (pgr_core.centring)
+        result = pgr.retrieve(query, scope=ALICE)
+        assert not result.degraded and all(ALICE.allows(_owner_of(f.text)) for f in result.facts)
+        if result.trace.centring is None:  # a store that cannot give the mean runs uncentred, and says why
+            assert result.trace.centring_off
+            assert result.ids == pgr.query_only(query, scope=ALICE).ids
+            return
+        assert pgr.embedder is not None and pgr.centre is not None
+        # the mean is over alice's own facts only (bob's, and nobody else's, never move it)
+        own = [f.text for f in conformance_corpus() if ALICE.allows(f.scope)]
+        mean = np.asarray(pgr.embedder.embed(own), dtype=np.float64)
+        mean = (mean / np.linalg.norm(mean, axis=1, keepdims=True)).mean(axis=0)
+        deep = store.search_batch([query], scope=ALICE, params=SearchParams(top_k=100, min_score=0.0))[0]
+        deep = [h for h in deep if h.neighbour_of is None]
+        vectors = np.asarray(pgr.embedder.embed([h.fact.text for h in deep]), dtype=np.float64)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        expected = sorted((h.score - float(v @ mean) for h, v in zip(deep, vectors, strict=True)), reverse=True)
+        got = [f.score for f in result.facts if f.via == "hit"]
+        assert got == pytest.approx(expected[: len(got)], abs=2e-3)
+        assert len(got) == min(20, len(deep))
 
     def test_ids_are_stable_across_calls(self, store: Store) -> None:
         first = self._search(store, ["knee", "bus"], ALICE, top_k=3, min_score=0.0)
