@@ -494,3 +494,17 @@ def test_build_backfills_cues_over_a_memory_its_application_filled_and_leaves_it
     # as the float32 unit vector it keeps: the same vector to float32 precision
     assert after[2].keys() == before[2].keys()
     assert all(np.allclose(after[2][i], before[2][i], atol=1e-6) for i in before[2])
+
+
+def test_centring_needs_an_embedder_here_and_with_one_matches_the_embedded_store(memory: Any, embedder: Any) -> None:
+    """mem0 keeps its embedder to itself: PGR runs uncentred and says so, until one is given; then the
+    centred list is the embedded store's (the same MiniLM vectors: mem0's embedder in these tests is it)."""
+    plain = Mem0Store(memory).pgr.retrieve(SOCCER, scope=Scope(user_id="alice"))
+    assert plain.trace.centring is None and "embedder" in (plain.trace.centring_off or "")
+    centred = Mem0Store(memory, embedder=embedder).pgr.retrieve(SOCCER, scope=Scope(user_id="alice"))
+    assert centred.trace.centring == 1.0 and centred.trace.centring_off is None
+    same = InMemoryStore(embedder=embedder)
+    same.add_facts(conformance_corpus())
+    reference = PGR(same).retrieve(SOCCER, scope=Scope(user_id="alice"))
+    assert [f.text for f in centred.facts] == [f.text for f in reference.facts]
+    assert all(f.fact.scope.user_id == "alice" for f in centred.facts)
