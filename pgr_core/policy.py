@@ -10,8 +10,11 @@
                             (pgr_core.ranking), so top(n) can hold what only a step found
     4. answer (optional)    PAG: a reply from R*'s head (a token budget) and the summary
 
-Around the phases, not in this file: the options (config.py), adaptive mode and Phase-1 reuse
-(savings.py), the drivers and the budget meter (_drivers.py, _budget.py).
+Every store call φ is centred on the caller's memory (centring.py): each probe's list is read deep
+and cut to its (K, τ) by cosine minus the fact's typicality, its mean cosine to the scope's facts.
+
+Around the phases, not in this file: the options (config.py), centred scores (centring.py), adaptive
+mode and Phase-1 reuse (savings.py), the drivers and the budget meter (_drivers.py, _budget.py).
 
 Every step is a generator yielding :class:`Search` / :class:`Ask` effects; :meth:`PGR._drive` and
 :meth:`PGR._adrive` perform them, so the sync and async APIs share one flow. The drivers also hold the

@@ -278,8 +278,8 @@ class RetrievalResult:
 
     def top(self, n: int) -> list[FoundFact]:
         """The first ``n`` facts of R* in its ranking order (neighbours count): what a prompt with room
-        for ``n`` facts gets. Under the default ``ranking="shared"`` about half are the query's own
-        best hits and the rest the step probes' best; see :mod:`pgr_core.ranking`."""
+        for ``n`` facts gets. Under the default ``ranking="shared"`` three in four are the query's own
+        best hits (``query_share``) and the rest the step probes' best; see :mod:`pgr_core.ranking`."""
         return self.facts[:n]
 
     def within_tokens(self, max_tokens: int, *, per_fact: int = 12) -> list[FoundFact]:
