@@ -64,7 +64,7 @@ class MemoryCentre:
         self.store = store
         self.embedder = embedder
         self.max_scopes = max_scopes
-        self._means: OrderedDict[Scope, np.ndarray] = OrderedDict()
+        self._means: OrderedDict[Scope, np.ndarray | None] = OrderedDict()
         self._generation = 0
         self._lock = threading.Lock()
         store.add_listener(self.invalidate)  # held weakly: dropping the PGR drops this
@@ -87,25 +87,25 @@ class MemoryCentre:
         if not fact_ids:
             return {}
         mean = self._mean(scope)
+        if mean is None:  # the store lists no fact for the scope: nothing is typical of it
+            return dict.fromkeys(fact_ids, 0.0)
         vectors = self._vectors(scope, list(fact_ids), list(texts))
         return {fid: float(v) for fid, v in zip(fact_ids, vectors @ mean, strict=True)}
 
     # ------------------------------------------------------------------ internals
 
-    def _mean(self, scope: Scope) -> np.ndarray:
+    def _mean(self, scope: Scope) -> np.ndarray | None:
         with self._lock:
-            mean = self._means.get(scope)
-            if mean is not None:
+            if scope in self._means:
                 self._means.move_to_end(scope)
-                return mean
+                return self._means[scope]
             generation = self._generation
         lister = getattr(self.store, "facts_for", None)
         if not callable(lister):
             raise CentringUnavailable(f"{type(self.store).__name__} cannot list a scope's facts (no facts_for)")
         facts = list(lister(scope))
-        if not facts:
-            mean = np.zeros(1, dtype=np.float32)
-        else:
+        mean: np.ndarray | None = None
+        if facts:
             if getattr(self.store, "vectors_for", None) is None and len(facts) > _MAX_EMBEDDED:
                 step = len(facts) / _MAX_EMBEDDED
                 facts = [facts[int(i * step)] for i in range(_MAX_EMBEDDED)]

@@ -170,3 +170,10 @@ def test_bad_centring_weights_are_refused(bad: object) -> None:
         PGR(store, centring=bad)
     with pytest.raises(InvalidArgumentError, match="centring_depth"):
         PGR(store, centring_depth=0)
+
+
+def test_a_scope_the_store_lists_nothing_for_makes_nothing_typical() -> None:
+    store, embedder = _store()
+    centre = MemoryCentre(store, embedder)
+    assert centre.typicality(Scope(user_id="nobody"), ["a0"], ["typical 0"]) == {"a0": 0.0}
+    assert centre.typicality(ALICE, [], []) == {}
