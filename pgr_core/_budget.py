@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ._effects import Ask, Search
+from ._effects import Ask, Effect
 from .errors import LLMError
 from .llm import Usage as CallUsage
 from .trace import BudgetReason
@@ -59,7 +59,7 @@ class Meter:
                     f"{spent.total_tokens} of {b.max_tokens} tokens spent; the next call may take {need}",
                 )
 
-    def explain(self, exc: BaseException, effect: Search | Ask) -> BaseException:
+    def explain(self, exc: BaseException, effect: Effect) -> BaseException:
         """An LLM failure once the deadline has passed is the deadline's doing."""
         if isinstance(exc, LLMError) and isinstance(effect, Ask) and self.expired():
             return BudgetStop("deadline", effect.phase, f"the {self.budget.deadline_s:g}s deadline passed ({exc})")

@@ -639,7 +639,7 @@ class PGR(Savings, Drivers):
             p.trace.usage.add(spent)
             p.trace.usage_by_phase.setdefault(rnd.phase, Usage()).add(spent)
         raw: dict[str, float] | None = None  # the anchors' own cosines, when their scores are centred
-        if typical is not None and cfg.centring:
+        if typical is not None and cfg.centring and limits is not None:
             p.trace.centring = cfg.centring
             raw = {h.fact.id: h.score for hits in hit_lists for h in hits if h.neighbour_of is None}
             hit_lists = [
