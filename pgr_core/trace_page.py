@@ -129,6 +129,10 @@ class _QueryView:
         intent = t.get("intent")
         if intent and intent != (self.item.get("query") or t.get("query")):
             rows.append(("intent (q_A)", _e(intent)))
+        if t.get("centring") is not None:
+            rows.append(("scores", f"centred on the user's memory (w = {_e(_num(t.get('centring')))})"))
+        elif t.get("centring_off"):
+            rows.append(("scores", f"not centred: {_e(t.get('centring_off'))}"))
         rows += [
             ("stop reason", f"<code>{_e(t.get('stop_reason') or '—')}</code>"),
             (

@@ -502,3 +502,16 @@ def test_a_fact_found_through_a_cue_names_the_cue_escaped() -> None:
     page = trace_page([data])
     assert "through the cue &ldquo;should I join a league? &lt;b&gt;&quot;now&quot;&lt;/b&gt;&rdquo;" in page
     assert "through the cue" not in trace_page([item()])
+
+
+def test_header_says_whether_the_scores_were_centred() -> None:
+    centred_run = pgr_result()
+    centred_run.trace.centring = 1.0
+    rows = {k: v.text() for k, v in meta_rows(parse(trace_page([item(centred_run)]))).items()}
+    assert rows["scores"] == "centred on the user's memory (w = 1.0)"
+    plain = pgr_result()
+    plain.trace.centring_off = "CentringUnavailable: SearchOnly cannot list a scope's facts (no facts_for)"
+    rows = {k: v.text() for k, v in meta_rows(parse(trace_page([item(plain)]))).items()}
+    assert rows["scores"].startswith("not centred: CentringUnavailable")
+    rows = {k: v.text() for k, v in meta_rows(parse(trace_page([item()]))).items()}
+    assert "scores" not in rows  # an older trace says nothing of centring: the page says nothing either
