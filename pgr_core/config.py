@@ -55,6 +55,10 @@ class PGRConfig:
       embedder; where it cannot, the call runs uncentred and its trace says why. ``query_only()``
       is never centred: it is the baseline.
     - ``centring_depth``: how many candidates per probe the centred order is taken from (100).
+    - ``intent_probe``: Phase 1 also probes with q_A, the request as augmentation restated it from the
+      records it found (on), read like the request (``query_top_k``, no floor); the query's share of R*
+      then holds each fact at its best score over the two lists. With the local 1.5B model q_A found
+      more than the request alone, and more than its steps (see benchmarks/RESULTS.md).
     - ``budget``: the :class:`Budget` every call runs under (LLM calls, tokens, deadline; no cap by
       default). A call's own ``budget=`` can only tighten it.
 
@@ -92,6 +96,7 @@ class PGRConfig:
     query_share: float = 0.75
     answer_context_tokens: int = 1500
     centring: float | None = 1.0
+    intent_probe: bool = True
     centring_depth: int = 100
     augment: bool = True
     hygiene: Hygiene = field(default_factory=Hygiene)
@@ -107,7 +112,7 @@ class PGRConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", Budget.coerce(self.budget) or Budget())
-        for name in ("augment", "embedding_cache", "phase1_reuse"):
+        for name in ("augment", "embedding_cache", "phase1_reuse", "intent_probe"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.adaptive not in ADAPTIVE_MODES:

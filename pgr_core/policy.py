@@ -441,12 +441,16 @@ class PGR(Savings, Drivers):
             # the query is always probed, so a degraded result still holds its hits
             rnd.prospect_seconds = time.perf_counter() - t0
             p.plan = list(steps)
-            probes = [Probe(p.query, "query"), *self._accept(p, rnd, steps)]
-            # One store call: ask for the larger K and the lower floor, then cut each list back to its
-            # own (K, τ): the query keeps the baseline's (query_top_k, no floor), steps get (K, τ).
             cfg = self.config
+            # q_A, the request restated with what augmentation found, probes beside the request itself
+            asked = [Probe(p.query, "query")]
+            if cfg.intent_probe and " ".join(p.intent.lower().split()) != " ".join(p.query.lower().split()):
+                asked.append(Probe(p.intent, "intent"))
+            probes = [*asked, *self._accept(p, rnd, steps)]
+            # One store call: ask for the larger K and the lower floor, then cut each list back to its
+            # own (K, τ): the query (and q_A) keep the baseline's (query_top_k, no floor), steps get (K, τ).
             params = cfg.probe_params().with_(top_k=max(cfg.top_k, cfg.query_top_k), min_score=0.0)
-            limits = [(cfg.query_top_k, 0.0)] + [(cfg.top_k, cfg.min_score)] * (len(probes) - 1)
+            limits = [(cfg.query_top_k, 0.0)] * len(asked) + [(cfg.top_k, cfg.min_score)] * (len(probes) - len(asked))
             try:
                 yield from self._search(p, rnd, probes, params, limits=limits)
             except StoreError as exc:
@@ -661,7 +665,7 @@ class PGR(Savings, Drivers):
 
     def _merge(self, p: Prospection, rnd: Round, probe: Probe, hits: list[Hit]) -> None:
         """R ∪= hits; Δ counts direct hits only (neighbours are recorded, not counted toward δ)."""
-        weight = self.config.query_weight if probe.source == "query" else 1.0
+        weight = self.config.query_weight if probe.source in ("query", "intent") else 1.0
         for hit in hits:
             if p.date is not None and hit.fact.date is not None:
                 check_same_kind(hit.fact.date, p.date, a_name=f"fact {hit.fact.id!r}'s date", b_name="the query date")

@@ -8,10 +8,11 @@ chosen by ``PGRConfig.ranking``:
   weighted by ``query_weight``). With the query's K = 20 and weight 1.5 its top 20 come first, so
   ``top(20)`` is the query-only list: prospection only appends.
 - ``"shared"``: the budget is shared. Every prefix of R* gives the query's own list ``query_share``
-  of its slots (its hits in their order) and the step probes the rest, filled round-robin over the
-  probes (every probe's best hit, then every probe's second...); a fact that several step probes
-  returned moves up one round per extra probe, and goes first among its round. A fact both lists
-  hold takes the first slot either gives it.
+  of its slots (its hits in their order; with the restatement q_A probed too, PGRConfig.intent_probe,
+  each fact at its best score over the request's list and q_A's) and the step probes the rest,
+  filled round-robin over the probes (every probe's best hit, then every probe's second...); a fact
+  that several step probes returned moves up one round per extra probe, and goes first among its
+  round. A fact both lists hold takes the first slot either gives it.
 - ``"llm"``: the summary call also names the records that matter, most important first; they lead,
   and the shared order fills the rest. A reply that does not choose (the records' own order echoed,
   unknown ids, fewer than ``min_chosen``) is ignored and the shared order used; the trace says why.
@@ -35,6 +36,7 @@ from .types import Hit
 __all__ = ["RANKINGS", "Choice", "choose", "earned_order", "fused_order", "llm_order", "shared_order"]
 
 RANKINGS = ("fused", "shared", "llm")
+QUERY_SIDE = ("query", "intent")  # the request and its restatement q_A: the query's share of R*
 
 
 def earned_order(hits: Sequence[Hit], decay: float, raw: Mapping[str, float] | None = None) -> list[Hit]:
@@ -89,16 +91,37 @@ class _Pools:
     neighbours: dict[str, list[str]] = field(default_factory=dict)  # anchor id -> its window neighbours
 
 
-def _pools(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> _Pools:
-    probes = list(probes)
-    query_rank: dict[str, int] = {}
-    step_hits: dict[str, list[tuple[int, int]]] = {}  # fact id -> (rank, probe order) per step probe
-    order = 0
-    for probe in probes:
-        if probe.source == "query":
+def _query_pool(found: Mapping[str, FoundFact], probes: Sequence[Probe]) -> list[str]:
+    """The query's own list; with the restatement q_A probed too, each fact at its best score over the
+    two (both lists are scored alike: the same store, the same centring), ties to the request's own."""
+    texts = list(dict.fromkeys(pr.text for pr in probes))
+    if len(texts) <= 1:  # the request alone (perhaps probed in more than one round): its own order
+        query_rank: dict[str, int] = {}
+        for probe in probes:
             for rank, fid in enumerate(_ranked_ids(probe)):
                 if fid in found:
                     query_rank[fid] = min(query_rank.get(fid, rank), rank)
+        return sorted(query_rank, key=lambda fid: query_rank[fid])
+    best: dict[str, tuple[float, int, int]] = {}  # fact id -> (-score, which probe, rank): smallest wins
+    for probe in probes:
+        scores = dict(probe.hits)
+        which = texts.index(probe.text)
+        last = math.inf
+        for rank, fid in enumerate(_ranked_ids(probe)):
+            # a window neighbour has no score of its own: it keeps its place just below the hit before it
+            last = scores.get(fid, last)
+            key = (-last, which, rank)
+            if fid in found and (fid not in best or key < best[fid]):
+                best[fid] = key
+    return sorted(best, key=lambda fid: best[fid])
+
+
+def _pools(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> _Pools:
+    probes = list(probes)
+    step_hits: dict[str, list[tuple[int, int]]] = {}  # fact id -> (rank, probe order) per step probe
+    order = 0
+    for probe in probes:
+        if probe.source in QUERY_SIDE:
             continue
         seen: set[str] = set()
         for rank, fid in enumerate(_ranked_ids(probe)):
@@ -107,7 +130,7 @@ def _pools(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> _Pools:
                 step_hits.setdefault(fid, []).append((rank, order))
         order += 1
     pools = _Pools()
-    pools.query = sorted(query_rank, key=lambda fid: query_rank[fid])
+    pools.query = _query_pool(found, [pr for pr in probes if pr.source in QUERY_SIDE])
 
     # round-robin over the probes (every probe's best hit, then every probe's second...), a fact that
     # several probes returned moved up one round per extra probe (and first among its round): agreement

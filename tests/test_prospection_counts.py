@@ -213,12 +213,15 @@ def test_llm_ranking_uses_a_real_choice_and_counts_a_non_choice_in_the_trace() -
 
 def test_fused_ranking_keeps_the_query_only_head() -> None:
     store = far_store()
-    pgr = PGR(store, llm=scripted(), strategy="tot", min_score=0.1, ranking="fused")
+    # q_A not probed: with it, fused ranks the restatement's hits at the query's weight too
+    pgr = PGR(store, llm=scripted(), strategy="tot", min_score=0.1, ranking="fused", intent_probe=False)
     result = pgr.retrieve(QUERY, scope=U)
     query_list = PGR(store).retrieve(QUERY, scope=U)  # the query's own list, centred as every probe is
     assert {f.id for f in result.top(20)} == set(query_list.ids[:20])
     assert result.trace.ranking == "fused"
-    uncentred = PGR(store, llm=scripted(), strategy="tot", min_score=0.1, ranking="fused", centring=None)
+    uncentred = PGR(
+        store, llm=scripted(), strategy="tot", min_score=0.1, ranking="fused", centring=None, intent_probe=False
+    )
     assert {f.id for f in uncentred.retrieve(QUERY, scope=U).top(20)} == set(pgr.query_only(QUERY, scope=U).ids)
 
 
@@ -313,3 +316,50 @@ def test_the_augmentation_floor_defaults_to_tau() -> None:
 
     config = PGRConfig()
     assert config.augment_min_score == config.min_score == 0.3
+
+
+def test_the_query_share_takes_each_fact_at_its_best_score_over_the_request_and_its_restatement() -> None:
+    found = {i: _found(i) for i in ("a", "b", "c", "d", "s")}
+    request = Probe(QUERY, "query", hits=[("a", 0.50), ("b", 0.30), ("c", 0.10)])
+    restated = Probe("decide on a league given the knee", "intent", hits=[("d", 0.45), ("c", 0.40)])
+    step = Probe("knee", "step", step_id="s1", hits=[("s", 0.9)])
+    # by score over both lists: a 0.50, d 0.45, c 0.40 (its better score), b 0.30; the step's s fills
+    # the steps' share (every 4th slot at 0.75)
+    assert [f.id for f in shared_order(found, [request, restated, step], 0.75)] == ["a", "d", "c", "s", "b"]
+    # the request alone keeps its own order
+    assert [f.id for f in shared_order(found, [request, step], 0.75)][:3] == ["a", "b", "c"]
+
+
+def test_phase_1_probes_the_restatement_and_what_only_it_finds_reaches_top_20() -> None:
+    restated = "decide by the Friday sign-up deadline"
+
+    def handler(messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any] | None) -> Any:
+        if "intent" in (schema or {}).get("required", []):
+            return {"intent": restated}
+        return scripted().handler(messages, schema)  # type: ignore[union-attr]
+
+    store = far_store()
+    store.add_facts([Fact(id="deadline", text="the sign-up deadline is Friday", scope=U)])
+    # uncentred, so that only q_A can bring the deadline into the query's share (centring alone might)
+    result = PGR(store, llm=ScriptedLLM(handler=handler), strategy="tot", min_score=0.1, centring=None).retrieve(
+        QUERY, scope=U
+    )
+    initial = next(r for r in result.trace.rounds if r.phase == "initial")
+    assert [(p.source, p.text) for p in initial.probes[:2]] == [("query", QUERY), ("intent", restated)]
+    assert "deadline" in {f.id for f in result.top(20)}
+    off = PGR(
+        store, llm=ScriptedLLM(handler=handler), strategy="tot", min_score=0.1, centring=None, intent_probe=False
+    ).retrieve(QUERY, scope=U)
+    assert all(p.source != "intent" for r in off.trace.rounds for p in r.probes)
+    assert "deadline" not in {f.id for f in off.top(20)}
+
+
+def test_a_restatement_that_only_echoes_the_request_is_not_probed_twice() -> None:
+    def echo(messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any] | None) -> Any:
+        required = (schema or {}).get("required", [])
+        if "intent" in required:
+            return {"intent": "  should I join a SOCCER league this summer?"}
+        return scripted().handler(messages, schema)  # type: ignore[union-attr]
+
+    result = PGR(far_store(), llm=ScriptedLLM(handler=echo), strategy="tot", min_score=0.1).retrieve(QUERY, scope=U)
+    assert all(p.source != "intent" for r in result.trace.rounds for p in r.probes)

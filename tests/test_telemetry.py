@@ -186,7 +186,8 @@ def test_a_cot_run_gives_a_root_with_its_chat_and_retrieval_spans_in_order(otel:
             "pgr.neighbours": 0,
             "pgr.new_facts": len(rnd.new_fact_ids),
         }
-    assert [dict(s.attributes or {})["pgr.probes"] for s in searches] == [1, 1 + len(STEPS), len(REVISED)]
+    # Phase 1 probes the request, its restatement q_A and the steps in one call
+    assert [dict(s.attributes or {})["pgr.probes"] for s in searches] == [1, 2 + len(STEPS), len(REVISED)]
     assert dict(searches[1].attributes or {})["pgr.new_facts"] == len(trace.rounds[1].new_fact_ids) > 0
 
 
@@ -295,7 +296,7 @@ def test_opting_in_records_query_probes_facts_prompts_and_replies(
     (reply,) = json.loads(str(first_chat["gen_ai.output.messages"]))
     assert json.loads(reply["parts"][0]["content"]) == {"intent": INTENT} and reply["finish_reason"] == "stop"
     phase1 = dict(kids[3].attributes or {})
-    assert str(phase1["gen_ai.retrieval.query.text"]).split("\n") == [QUERY, *STEPS]
+    assert str(phase1["gen_ai.retrieval.query.text"]).split("\n") == [QUERY, INTENT, *STEPS]
     documents = json.loads(str(phase1["gen_ai.retrieval.documents"]))
     found = {f.id: f.text for f in result.facts}
     assert {d["id"] for d in documents} >= set(result.trace.rounds[1].new_fact_ids)
@@ -428,7 +429,7 @@ def test_progress_says_a_line_before_each_llm_call_and_after_each_store_round() 
         f"query augmentation: 1 probe, {len(rounds[0].probes[0].hits)} hits",
         "query augmentation: waiting for the LLM (call 1)",
         "initial prospection: waiting for the LLM (call 2)",
-        f"initial prospection: 3 probes, {len(rounds[1].new_fact_ids)} new facts",
+        f"initial prospection: 4 probes, {len(rounds[1].new_fact_ids)} new facts",
         "personalisation round 1: waiting for the LLM (call 3)",
         f"personalisation round 1: 1 probe, {len(rounds[2].new_fact_ids)} new facts",
         "summary: waiting for the LLM (call 4)",
