@@ -180,8 +180,10 @@ class PGR(Savings, Drivers):
         self.embedder: Embedder | None = (
             CachedEmbedder.wrap(embedder, max_entries=cfg.embedding_cache_size) if embedder is not None else None
         )
-        # every probe's scores centred on the scope's memory (pgr_core.centring); query_only() never is
-        self.centre = MemoryCentre(store, self.embedder) if cfg.centring else None
+        # every probe's scores centred on the scope's memory (pgr_core.centring); query_only() never is.
+        # Typicality is measured in the store's own space when it has an embedder, whatever hygiene uses.
+        space = CachedEmbedder.wrap(own, max_entries=cfg.embedding_cache_size) if own is not None else self.embedder
+        self.centre = MemoryCentre(store, space) if cfg.centring else None
         self.phase1_cache: ProspectionCache | None = None
         if cfg.phase1_reuse:
             if self.embedder is None:

@@ -879,8 +879,9 @@ def test_one_query_batch_points_call_per_round(embedder, window):
     store.upsert_facts(_sessions_corpus())
     batches, scrolls, embeds = _spy(client, "query_batch_points"), _spy(client, "scroll"), _spy(embedder, "embed")
     try:
-        # probe hygiene gets an embedder of its own, so every MiniLM call counted here is the store's
-        result = PGR(store, strategy="facet", window=window, embedder=HashingEmbedder()).retrieve(
+        # probe hygiene gets an embedder of its own, so every MiniLM call counted here is the store's;
+        # uncentred, since centring reads the user's facts (a scroll) and embeds them once per scope
+        result = PGR(store, strategy="facet", window=window, embedder=HashingEmbedder(), centring=None).retrieve(
             "Should I join a soccer league this summer?", scope=ALICE
         )
     finally:
