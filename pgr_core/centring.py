@@ -28,11 +28,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .embedders import unit_rows
 from .types import Hit, Scope
 
 if TYPE_CHECKING:
@@ -48,23 +49,28 @@ class CentringUnavailable(Exception):
     """The store cannot give what centring needs (its facts' vectors, or a list of a scope's facts)."""
 
 
-def _unit(a: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(a, axis=-1, keepdims=True)
-    return a / np.where(norms == 0, 1.0, norms)
+@dataclass(frozen=True)
+class _Centre:
+    """One scope's mean, and the typicality of every fact it was built from (read once, with it)."""
+
+    mean: np.ndarray | None  # None: the store lists no fact for the scope
+    typical: dict[str, float]
 
 
 class MemoryCentre:
     """The mean unit vector of each scope's facts, and each fact's typicality against it.
 
-    Thread-safe; a scope's mean is rebuilt after the store reports a write there (a build that started
-    before the write is not kept). At most ``max_scopes`` means are kept, least recently used first out.
+    The typicality of every fact the mean was built from is kept with it, so a round's hits are looked
+    up, not read again from the store; only a fact the mean did not see (one left out of the sample) is.
+    Thread-safe; a scope's centre is rebuilt after the store reports a write there (a build that started
+    before the write is not kept). At most ``max_scopes`` are kept, least recently used first out.
     """
 
     def __init__(self, store: Store, embedder: Embedder | None, *, max_scopes: int = 256) -> None:
         self.store = store
         self.embedder = embedder
         self.max_scopes = max_scopes
-        self._means: OrderedDict[Scope, np.ndarray | None] = OrderedDict()
+        self._centres: OrderedDict[Scope, _Centre] = OrderedDict()
         self._generation = 0
         self._lock = threading.Lock()
         store.add_listener(self.invalidate)  # held weakly: dropping the PGR drops this
@@ -76,52 +82,58 @@ class MemoryCentre:
             self._generation += 1  # a mean being built now is not kept: the facts it read may be stale
             try:
                 owners = None if scopes is None else list(scopes)
-                stale = [s for s in self._means if owners is None or any(s.allows(o) for o in owners)]
+                stale = [s for s in self._centres if owners is None or any(s.allows(o) for o in owners)]
             except Exception:
-                stale = list(self._means)
+                stale = list(self._centres)
             for scope in stale:
-                del self._means[scope]
+                del self._centres[scope]
 
     def typicality(self, scope: Scope, fact_ids: Sequence[str], texts: Sequence[str]) -> dict[str, float]:
         """fact id -> its mean cosine to ``scope``'s facts. Raises :class:`CentringUnavailable`."""
         if not fact_ids:
             return {}
-        mean = self._mean(scope)
-        if mean is None:  # the store lists no fact for the scope: nothing is typical of it
+        centre = self._centre(scope)
+        if centre.mean is None:  # the store lists no fact for the scope: nothing is typical of it
             return dict.fromkeys(fact_ids, 0.0)
-        vectors = self._vectors(scope, list(fact_ids), list(texts))
-        return {fid: float(v) for fid, v in zip(fact_ids, vectors @ mean, strict=True)}
+        out = {fid: centre.typical[fid] for fid in fact_ids if fid in centre.typical}
+        unseen = [(fid, text) for fid, text in zip(fact_ids, texts, strict=True) if fid not in out]
+        if unseen:
+            ids, rest = [fid for fid, _ in unseen], [text for _, text in unseen]
+            out.update(zip(ids, (float(v) for v in self._vectors(scope, ids, rest) @ centre.mean), strict=True))
+        return out
 
     # ------------------------------------------------------------------ internals
 
-    def _mean(self, scope: Scope) -> np.ndarray | None:
+    def _centre(self, scope: Scope) -> _Centre:
         with self._lock:
-            if scope in self._means:
-                self._means.move_to_end(scope)
-                return self._means[scope]
+            if scope in self._centres:
+                self._centres.move_to_end(scope)
+                return self._centres[scope]
             generation = self._generation
         lister = getattr(self.store, "facts_for", None)
         if not callable(lister):
             raise CentringUnavailable(f"{type(self.store).__name__} cannot list a scope's facts (no facts_for)")
         facts = list(lister(scope))
-        mean: np.ndarray | None = None
+        centre = _Centre(None, {})
         if facts:
             if getattr(self.store, "vectors_for", None) is None and len(facts) > _MAX_EMBEDDED:
                 step = len(facts) / _MAX_EMBEDDED
                 facts = [facts[int(i * step)] for i in range(_MAX_EMBEDDED)]
-            mean = self._vectors(scope, [f.id for f in facts], [f.text for f in facts]).mean(axis=0)
+            vectors = self._vectors(scope, [f.id for f in facts], [f.text for f in facts])
+            mean = vectors.mean(axis=0)
+            centre = _Centre(mean, {f.id: float(v) for f, v in zip(facts, vectors @ mean, strict=True)})
         with self._lock:
             if self._generation == generation:  # no write meanwhile: keep it
-                self._means[scope] = mean
-                while len(self._means) > self.max_scopes:
-                    self._means.popitem(last=False)
-        return mean
+                self._centres[scope] = centre
+                while len(self._centres) > self.max_scopes:
+                    self._centres.popitem(last=False)
+        return centre
 
     def _vectors(self, scope: Scope, ids: list[str], texts: list[str]) -> np.ndarray:
         own = getattr(self.store, "vectors_for", None)
         if callable(own):
             try:
-                return _unit(np.asarray(own(ids, scope=scope), dtype=np.float32))
+                return unit_rows(own(ids, scope=scope))
             except KeyError:
                 pass  # a fact written meanwhile, or one the store resolves differently: embed instead
         if self.embedder is None:
@@ -129,7 +141,7 @@ class MemoryCentre:
                 f"{type(self.store).__name__} gives no vectors (vectors_for) and no embedder was given: "
                 "pass PGR(..., embedder=...) or centring=None"
             )
-        return _unit(np.asarray(self.embedder.embed(texts), dtype=np.float32))
+        return unit_rows(self.embedder.embed(texts))
 
 
 def centred(
