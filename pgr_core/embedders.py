@@ -36,7 +36,9 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
-def _normalise(matrix: np.ndarray) -> np.ndarray:
+def unit_rows(matrix: Any) -> np.ndarray:
+    """Each row scaled to unit length (a zero row stays zero), as float32."""
+    matrix = np.asarray(matrix, dtype=np.float32)
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
     return (matrix / norms).astype(np.float32)
@@ -68,7 +70,7 @@ class HashingEmbedder:
                 bucket = int.from_bytes(digest[:4], "little") % self.dim
                 sign = 1.0 if digest[4] & 1 else -1.0
                 out[row, bucket] += sign * weight
-        return _normalise(out)
+        return unit_rows(out)
 
 
 class _MiniLMModel:

@@ -60,7 +60,9 @@ def strip_words(text: str, query: str) -> str:
     return " ".join(kept)
 
 
-def _normal(text: str) -> str:
+def normal_words(text: str) -> str:
+    """The lower-case words of ``text``, single-spaced: two texts that differ only in case, spacing or
+    punctuation come out the same."""
     return " ".join(_WORD.findall(text.lower()))
 
 
@@ -90,7 +92,7 @@ def clean_steps(
     for step in steps:
         step.probe = strip_words(step.text, query) if rules.strip_query_words else step.text
         words = step.probe.split()
-        if not _normal(step.probe) or (rules.strip_query_words and not any(len(w) >= 4 for w in words)):
+        if not normal_words(step.probe) or (rules.strip_query_words and not any(len(w) >= 4 for w in words)):
             dropped.append(DroppedProbe(step.text, "empty"))
             step.probe = None
             continue
@@ -143,10 +145,10 @@ def clean_steps(
             return max(pool, default=(0.0, None), key=lambda p: p[0])
 
     kept: list[int] = []
-    seen_exact = {_normal(e) for e in earlier}
+    seen_exact = {normal_words(e) for e in earlier}
     for i, step in enumerate(candidates):
-        norm = _normal(texts[i])
-        if norm == _normal(query) or to_query(i) >= rules.echo_threshold:
+        norm = normal_words(texts[i])
+        if norm == normal_words(query) or to_query(i) >= rules.echo_threshold:
             dropped.append(DroppedProbe(step.text, "echo_of_query", similar_to=query))
             step.probe = None
             continue

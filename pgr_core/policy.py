@@ -39,7 +39,7 @@ from .centring import MemoryCentre, centred, hit_texts
 from .config import PGRConfig
 from .embedders import Embedder
 from .errors import ConfigurationError, InvalidArgumentError, LLMError, StoreError
-from .hygiene import clean_steps
+from .hygiene import clean_steps, normal_words
 from .llm import LLM
 from .prompts import render
 from .prospectors import (
@@ -52,7 +52,7 @@ from .prospectors import (
     quoted,
     tidy_summary,
 )
-from .ranking import choose, earned_order, fused_order, llm_order, shared_order
+from .ranking import QUERY_SIDE, choose, earned_order, fused_order, llm_order, shared_order
 from .savings import Savings, cut_hits
 from .store import Store
 from .telemetry import Telemetry
@@ -446,7 +446,7 @@ class PGR(Savings, Drivers):
             cfg = self.config
             # q_A, the request restated with what augmentation found, probes beside the request itself
             asked = [Probe(p.query, "query")]
-            if cfg.intent_probe and " ".join(p.intent.lower().split()) != " ".join(p.query.lower().split()):
+            if cfg.intent_probe and normal_words(p.intent) != normal_words(p.query):
                 asked.append(Probe(p.intent, "intent"))
             probes = [*asked, *self._accept(p, rnd, steps)]
             # One store call: ask for the larger K and the lower floor, then cut each list back to its
@@ -622,8 +622,8 @@ class PGR(Savings, Drivers):
         (``centre`` and ``PGRConfig.centring``), each probe reads ``centring_depth`` candidates and is cut
         to its (K, τ) by centred score (:func:`pgr_core.centring.centred`)."""
         cfg = self.config
-        centring = centre and self.centre is not None and p.trace.centring_off is None
-        if centring:
+        weight = cfg.centring if centre and self.centre is not None and p.trace.centring_off is None else None
+        if weight:
             limits = list(limits) if limits is not None else [(params.top_k, params.min_score)] * len(probes)
             params = params.with_(top_k=max(params.top_k, cfg.centring_depth), min_score=0.0)
         t0 = time.perf_counter()
@@ -633,7 +633,7 @@ class PGR(Savings, Drivers):
         try:
             with self._embeds(p.trace, rnd.phase):  # the store's own embedding of the probes
                 hit_lists: list[list[Hit]] = yield Search([pr.text for pr in probes], params, p.scope, rnd)
-                if centring:
+                if weight:
                     try:
                         typical = yield Typicality(*hit_texts(hit_lists), p.scope)
                     except Exception as exc:  # the call goes on uncentred, and says why
@@ -645,11 +645,11 @@ class PGR(Savings, Drivers):
             p.trace.usage.add(spent)
             p.trace.usage_by_phase.setdefault(rnd.phase, Usage()).add(spent)
         raw: dict[str, float] | None = None  # the anchors' own cosines, when their scores are centred
-        if typical is not None and cfg.centring and limits is not None:
-            p.trace.centring = cfg.centring
+        if typical is not None and weight and limits is not None:
+            p.trace.centring = weight
             raw = {h.fact.id: h.score for hits in hit_lists for h in hits if h.neighbour_of is None}
             hit_lists = [
-                centred(hits, typical, cfg.centring, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)
+                centred(hits, typical, weight, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)
             ]
         elif limits is not None:
             hit_lists = [cut_hits(hits, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)]
@@ -667,7 +667,7 @@ class PGR(Savings, Drivers):
 
     def _merge(self, p: Prospection, rnd: Round, probe: Probe, hits: list[Hit]) -> None:
         """R ∪= hits; Δ counts direct hits only (neighbours are recorded, not counted toward δ)."""
-        weight = self.config.query_weight if probe.source in ("query", "intent") else 1.0
+        weight = self.config.query_weight if probe.source in QUERY_SIDE else 1.0
         for hit in hits:
             if p.date is not None and hit.fact.date is not None:
                 check_same_kind(hit.fact.date, p.date, a_name=f"fact {hit.fact.id!r}'s date", b_name="the query date")

@@ -39,8 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-import numpy as np
-
+from pgr_core.embedders import unit_rows
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, ScopeError, StoreError
 from pgr_core.llm import LLM
 from pgr_core.policy import PGR, PGRConfig
@@ -308,7 +307,7 @@ class Mem0Store(Store):
     ) -> None:
         """Each relation scored by cosine(probe, its sentence): one embedding batch for the whole round."""
         sentences = sorted({r.text for rels in relations for r in rels})
-        matrix = _unit_rows(self._embed([*probes, *sentences]))
+        matrix = unit_rows(self._embed([*probes, *sentences]))
         probe_rows, sentence_rows = matrix[: len(probes)], dict(zip(sentences, matrix[len(probes) :], strict=True))
         for p, rels in enumerate(relations):
             for rel in {r.id: r for r in rels}.values():  # mem0 may list one relation twice
@@ -613,13 +612,6 @@ def _items(answer: Any) -> list[Any]:
     """The memories of a ``get_all`` answer: ``{"results": [...]}`` (relations aside) or a bare list."""
     items = answer.get("results", []) if isinstance(answer, Mapping) else answer
     return list(items or [])
-
-
-def _unit_rows(vectors: list[Any]) -> np.ndarray:
-    matrix = np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    norms[norms == 0] = 1.0
-    return matrix / norms
 
 
 def _add_calls(facts: Sequence[Fact]) -> list[tuple[list[str], dict[str, Any]]]:

@@ -34,11 +34,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-import numpy as np
 import pytest
 
 from ..anticipating import Anticipating
-from ..embedders import Embedder, HashingEmbedder
+from ..embedders import Embedder, HashingEmbedder, unit_rows
 from ..errors import StoreError
 from ..memory import InMemoryStore
 from ..policy import PGR
@@ -224,12 +223,10 @@ class StoreConformance:
         assert pgr.embedder is not None and pgr.centre is not None
         # the mean is over alice's own facts only (bob's, and nobody else's, never move it)
         own = [f.text for f in conformance_corpus() if ALICE.allows(f.scope)]
-        mean = np.asarray(pgr.embedder.embed(own), dtype=np.float64)
-        mean = (mean / np.linalg.norm(mean, axis=1, keepdims=True)).mean(axis=0)
+        mean = unit_rows(pgr.embedder.embed(own)).mean(axis=0)
         deep = store.search_batch([query], scope=ALICE, params=SearchParams(top_k=100, min_score=0.0))[0]
         deep = [h for h in deep if h.neighbour_of is None]
-        vectors = np.asarray(pgr.embedder.embed([h.fact.text for h in deep]), dtype=np.float64)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        vectors = unit_rows(pgr.embedder.embed([h.fact.text for h in deep]))
         expected = sorted((h.score - float(v @ mean) for h, v in zip(deep, vectors, strict=True)), reverse=True)
         got = [f.score for f in result.facts if f.via == "hit"]
         assert got == pytest.approx(expected[: len(got)], abs=2e-3)
