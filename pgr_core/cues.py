@@ -59,6 +59,7 @@ MAX_CUE_WORDS = 12
 MIN_CUES = 2
 MAX_CUES = 4
 _MAX_FACT_CHARS = 400
+RETRY_TEMPERATURE = 0.7  # a fact the model failed on is asked again at this temperature, not the same call
 MAX_FACTS_PER_CALL = 24  # a session with more new facts is asked about in parts (rare: sessions hold 1-10)
 _WORD = re.compile(r"[\w']+", re.UNICODE)
 _STOP = frozenset(
@@ -218,8 +219,9 @@ class CueWriter:
     ``cues_per_fact`` (2-4) is what the prompt asks for; a fact keeps at least two usable cues or none.
     ``max_tokens`` caps a reply (default: room for every fact's cues, at most 4,096).
     A fact the model answered unusably twice (the reply and its repair) is recorded in the cache as
-    such and asked again on the next write unless ``retry_failed`` is False; a fact left by a timeout
-    or an unreachable server is simply asked again.
+    such and asked again on the next write unless ``retry_failed`` is False, on its own call at
+    :data:`RETRY_TEMPERATURE` at least (at temperature 0 the same call would give the same reply); a
+    fact left by a timeout or an unreachable server is simply asked again.
     Facts are shown to the model as quoted data (``F1``, ``F2``... handles), so a fact that reads like
     an instruction is read, not obeyed. ``cache`` (a :class:`CueCache`) serves facts by text.
     """
@@ -285,6 +287,7 @@ class CueWriter:
         ``errors``) for the next build."""
         batch = CueBatch()
         todo: list[Fact] = []
+        again: list[Fact] = []  # answered unusably before: the same call at temperature 0 would fail again
         known = self.cache.get_many(self.identity, [f.text for f in facts]) if self.cache else {}
         for fact in facts:
             hit = known.get(fact.text)
@@ -298,9 +301,11 @@ class CueWriter:
                 batch.cues[fact.id] = hit
                 batch.cached += 1
             else:
-                todo.append(fact)
-        for start in range(0, len(todo), MAX_FACTS_PER_CALL):
-            batch.merge(self._ask(todo[start : start + MAX_FACTS_PER_CALL]))
+                (again if hit == () else todo).append(fact)
+        retry = max(self.temperature, RETRY_TEMPERATURE)
+        for group, temperature in ((todo, self.temperature), (again, retry)):
+            for start in range(0, len(group), MAX_FACTS_PER_CALL):
+                batch.merge(self._ask(group[start : start + MAX_FACTS_PER_CALL], temperature))
         if self.cache:
             by_id = {f.id: f for f in facts}
             written: dict[str, Sequence[str]] = {by_id[i].text: c for i, c in batch.cues.items() if i in by_id}
@@ -312,7 +317,7 @@ class CueWriter:
             self.cache.put_many(self.identity, failed | written)
         return batch
 
-    def _ask(self, facts: list[Fact]) -> CueBatch:
+    def _ask(self, facts: list[Fact], temperature: float) -> CueBatch:
         batch = CueBatch()
         messages = self.messages(facts)
         handles = {f"F{i}": fact for i, fact in enumerate(facts, 1)}
@@ -320,7 +325,7 @@ class CueWriter:
         for attempt in range(2):
             try:
                 completion = self.llm.complete(
-                    messages, schema=CUE_SCHEMA, max_tokens=self._max_tokens(len(facts)), temperature=self.temperature
+                    messages, schema=CUE_SCHEMA, max_tokens=self._max_tokens(len(facts)), temperature=temperature
                 )
             except LLMError as exc:
                 batch.errors.append(f"{type(exc).__name__}: {exc}")

@@ -13,7 +13,7 @@ from loopback_llm import LoopbackLLM, ok, sane
 from pgr_core import PGR, Anticipating, CueCache, CueWriter, EdgeStore, Fact, HashingEmbedder, InMemoryStore, Scope
 from pgr_core.anticipating import cue_ids, cue_path_for
 from pgr_core.cli import main
-from pgr_core.cues import MAX_CUE_WORDS, check_cues
+from pgr_core.cues import MAX_CUE_WORDS, RETRY_TEMPERATURE, check_cues
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, LLMTimeoutError
 from pgr_core.prospectors import quoted
 from pgr_core.testing import ScriptedLLM, asked_facts, cue_llm
@@ -442,6 +442,12 @@ def test_an_unusable_fact_is_recorded_and_an_eval_writer_does_not_ask_again(tmp_
     batch = writer.write([Fact(id="p", text=PIZZA, scope=U1)])
     assert (batch.missing, batch.skipped, len(llm.calls)) == (["p"], 1, 3)  # no fourth call
     writer.retry_failed = True
-    llm.extend([{"cues": [{"id": "F1", "cues": CUES[PIZZA]}]}])
-    assert writer.write([Fact(id="p", text=PIZZA, scope=U1)]).cues["p"] == tuple(CUES[PIZZA])
+    llm.extend([{"cues": [{"id": "F1", "cues": CUES[KNEE]}]}, {"cues": [{"id": "F1", "cues": CUES[PIZZA]}]}])
+    batch = writer.write([Fact(id="p", text=PIZZA, scope=U1), Fact(id="k", text=KNEE, scope=U1)])
+    assert batch.cues == {"k": tuple(CUES[KNEE]), "p": tuple(CUES[PIZZA])}
     assert cache.get_many(writer.identity, [PIZZA]) == {PIZZA: tuple(CUES[PIZZA])}
+    # the fact that failed is asked on a call of its own, warmer: at temperature 0 the same call would
+    # give the same unusable reply; the fact never asked before keeps the writer's temperature
+    fresh, retried = llm.calls[3:]
+    assert list(asked_facts(fresh.messages).values()) == [KNEE] and fresh.temperature == 0.0
+    assert list(asked_facts(retried.messages).values()) == [PIZZA] and retried.temperature == RETRY_TEMPERATURE

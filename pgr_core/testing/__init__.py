@@ -26,6 +26,7 @@ class LLMCall:
     messages: list[dict[str, str]]
     schema: Mapping[str, Any] | None
     max_tokens: int
+    temperature: float = 0.0
 
     @property
     def prompt(self) -> str:
@@ -67,7 +68,7 @@ class ScriptedLLM(LLM):
         temperature: float = 0.0,
     ) -> Completion:
         with self._lock:
-            self.calls.append(LLMCall([dict(m) for m in messages], schema, max_tokens))
+            self.calls.append(LLMCall([dict(m) for m in messages], schema, max_tokens, temperature))
             reply: Reply | None = self._queue.pop(0) if self._queue else None
         if reply is None:
             if self.handler is None:
