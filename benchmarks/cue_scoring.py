@@ -14,7 +14,10 @@ ranked, and recall@10 / recall@20 averaged. The rules:
 - ``own + w*best``, ``max(own, w*mean of top 2)``: sums and means instead of the max;
 - ``expanded``: the fact's text and its cues embedded together as one text (document expansion);
 - ``cues joined``, ``cue centroid``: the cues alone, as one text or as the mean of their vectors;
-- ``rrf(own, best)`` and ``rrf(own, best, expanded)``: reciprocal-rank fusion (k = 60) of the lists.
+- ``rrf(own, best)`` and ``rrf(own, best, expanded)``: reciprocal-rank fusion (k = 60) of the lists;
+- ``centred``: each similarity less its typicality (pgr's centring, ``pgr_core.centring``): a fact's
+  text less its cosine to the mean of its user's fact vectors, a cue less its cosine to the mean of its
+  user's cue vectors; ``max(own, w*best), centred`` is ``Anticipating``'s rule over centred scores.
 
 A fact the cache has no cues for is scored by its text alone in every rule.
 """
@@ -66,12 +69,24 @@ def main() -> int:
     joined_v = _unit(np.asarray(embedder.embed([" ".join(cs) if cs else f.text for f, cs in pairs])))
     centroid_v = _unit(np.stack([np.mean([cue_v[c] for c in cs], 0) if cs else own_v[i] for i, cs in enumerate(cues)]))
 
+    centres: dict[object, tuple[np.ndarray, np.ndarray]] = {}  # scope -> mean fact vector, mean cue vector
+    for scope in {f.scope for f in facts}:
+        mine = [i for i, f in enumerate(facts) if f.scope == scope]
+        mine_cues = [cue_v[c] for i in mine for c in cues[i]]
+        cue_mean = np.mean(mine_cues, 0) if mine_cues else own_v[mine].mean(0)
+        centres[scope] = (own_v[mine].mean(0), cue_mean)
+
     def rules(q: np.ndarray, idx: list[int]) -> dict[str, np.ndarray]:
         own = own_v[idx] @ q
         per_fact = [
             np.array([cue_v[c] @ q for c in cues[i]]) if cues[i] else np.array([own[j]]) for j, i in enumerate(idx)
         ]
         best = np.array([c.max() for c in per_fact])
+        fact_mean, cue_mean = centres[facts[idx[0]].scope]
+        typ_own = own_v[idx] @ fact_mean
+        own_c = own - typ_own
+        centred_cue = lambda c: cue_v[c] @ q - cue_v[c] @ cue_mean  # noqa: E731
+        best_c = np.array([max(map(centred_cue, cues[i])) if cues[i] else own_c[j] for j, i in enumerate(idx)])
         top2 = np.array([np.sort(c)[-2:].mean() for c in per_fact])
         expanded = expanded_v[idx] @ q
         r_own, r_best, r_exp = _ranks(own), _ranks(best), _ranks(expanded)
@@ -88,6 +103,11 @@ def main() -> int:
             "max(own, expanded)": np.maximum(own, expanded),
             "rrf(own, best)": 1 / (60 + r_own) + 1 / (60 + r_best),
             "rrf(own, best, expanded)": 1 / (60 + r_own) + 1 / (60 + r_best) + 1 / (60 + r_exp),
+            "own, centred (pgr-none over the plain store)": own_c,
+            "max(own, 0.9*best), the fact's typicality taken off": np.maximum(own, 0.9 * best) - typ_own,
+            "max(own, 0.9*best), centred": np.maximum(own_c, 0.9 * best_c),
+            "max(own, 1.0*best), centred": np.maximum(own_c, best_c),
+            "own + best, centred": own_c + best_c,
         }
 
     questions = [q for q in data.questions if q.gold]
