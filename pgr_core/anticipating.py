@@ -30,10 +30,13 @@ from .errors import ConfigurationError, InvalidArgumentError
 from .store import AddsOneFact, Store
 from .types import Fact, Hit, Scope, SearchParams
 
-__all__ = ["DEFAULT_CUE_WEIGHT", "Anticipating", "CueBuildReport", "cue_path_for"]
+__all__ = ["CENTRED_DEPTH", "DEFAULT_CUE_WEIGHT", "SCORINGS", "Anticipating", "CueBuildReport", "cue_path_for"]
 
 DEFAULT_CUE_WEIGHT = 0.9
 """A cue's similarity counts this much against the fact's own (measured on MQ-lite dev: RESULTS.md)."""
+
+SCORINGS = ("max", "centred")
+CENTRED_DEPTH = 100  # facts (and cue_depth x as many cues) read per probe under scoring="centred"
 
 _SEP = "~cue"
 
@@ -134,6 +137,14 @@ class Anticipating(AddsOneFact, Store):
       opens an EdgeStore there). Default: ``<DIR>/cues`` for an EdgeStore, otherwise a fresh
       InMemoryStore on the store's embedder (give a path to keep cues across processes).
     - ``cue_weight``: a fact's score is ``max(own similarity, cue_weight × best cue similarity)``.
+    - ``scoring``: ``"max"`` (the default: the rule above) or ``"centred"``: a fact scores its own
+      similarity less its typicality (its cosine to the mean of the scope's facts,
+      :mod:`pgr_core.centring`) plus its best cue's similarity less that cue's typicality (against
+      the mean of the scope's cues), over the probe's top :data:`CENTRED_DEPTH` facts and cues; a
+      fact or cue the store did not read (beyond that depth, or below a cosine of 0) counts the
+      lowest term read. Scores are then not cosines, and
+      ``PGR`` does not centre them again. τ still reads a cosine: a fact is kept when its own
+      similarity, or ``cue_weight`` × a cue's, reaches it.
     - ``writer``: a :class:`CueWriter`; with it, every fact written through the wrapper gets cues at
       once (one call per write batch). Without it, :meth:`build` backfills.
     """
@@ -145,6 +156,7 @@ class Anticipating(AddsOneFact, Store):
         cues: Store | str | Path | None = None,
         cue_weight: float = DEFAULT_CUE_WEIGHT,
         writer: CueWriter | None = None,
+        scoring: str = "max",
     ) -> None:
         if not isinstance(store, Store):
             raise InvalidArgumentError(f"Anticipating wraps a pgr Store, got {type(store).__name__}")
@@ -152,13 +164,19 @@ class Anticipating(AddsOneFact, Store):
             raise InvalidArgumentError("this store already anticipates: wrap the inner store once")
         if isinstance(cue_weight, bool) or not isinstance(cue_weight, int | float) or not 0.0 < cue_weight <= 1.5:
             raise InvalidArgumentError(f"cue_weight must be a number in (0, 1.5], got {cue_weight!r}")
+        if scoring not in SCORINGS:
+            raise InvalidArgumentError(f"scoring must be one of {', '.join(map(repr, SCORINGS))}, got {scoring!r}")
         self.store = store
         self.cue_weight = float(cue_weight)
+        self.scoring = scoring
         self.cue_depth = 2  # cue hits asked per probe: cue_depth x top_k (a fact has several cues)
         self.writer = writer
         self.cues = self._cue_index(store, cues)
         self.capabilities = replace(store.capabilities)  # type: ignore[misc]
         self.name = f"anticipating:{getattr(store, 'name', type(store).__name__)}"
+        #: scores already centred on the caller's memory (scoring="centred"): PGR leaves them as they are
+        self.centres_scores = scoring == "centred"
+        self._centres: tuple[Any, Any] | None = None  # MemoryCentre of the facts, and of the cues
 
     @staticmethod
     def _cue_index(store: Store, cues: Store | str | Path | None) -> Store:
@@ -181,7 +199,7 @@ class Anticipating(AddsOneFact, Store):
         return index
 
     def __repr__(self) -> str:
-        return f"Anticipating({self.store!r}, cue_weight={self.cue_weight})"
+        return f"Anticipating({self.store!r}, cue_weight={self.cue_weight}, scoring={self.scoring!r})"
 
     def __getattr__(self, name: str) -> Any:  # facts_for, get, embedder, save... of the wrapped store
         if name.startswith("__") or name in ("store", "cues"):
@@ -196,6 +214,8 @@ class Anticipating(AddsOneFact, Store):
     def search_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
         if not probes:
             return []
+        if self.scoring == "centred":
+            return self._centred_search(probes, scope, params)
         base = self.store._checked_search(probes, scope, params)
         # a cue must reach min_score / cue_weight; above 1 none can (the cue score check below drops them)
         floor = min(params.min_score / self.cue_weight, 1.0)
@@ -239,6 +259,71 @@ class Anticipating(AddsOneFact, Store):
                     break
             results.append(direct)
             results[-1] = self._windowed(direct, windows, scope, params)
+        return results
+
+    def _centred_search(self, probes: Sequence[str], scope: Scope, params: SearchParams) -> list[list[Hit]]:
+        """``scoring="centred"``: own and best-cue similarity, each less its typicality, summed."""
+        from .centring import MemoryCentre
+
+        if self._centres is None:
+            embedder = getattr(self.store, "embedder", None)
+            self._centres = (MemoryCentre(self.store, embedder), MemoryCentre(self.cues, embedder))
+        facts_centre, cues_centre = self._centres
+        depth = max(params.top_k, CENTRED_DEPTH)
+        base = self.store._checked_search(probes, scope, SearchParams(top_k=depth, min_score=0.0, window=0))
+        wide = SearchParams(top_k=depth * self.cue_depth, min_score=0.0, window=0)
+        by_cue = self.cues._checked_search(probes, scope, wide)
+        seen: dict[str, str] = {}
+        for hits in base:
+            seen.update((h.fact.id, h.fact.text) for h in hits)
+        facts_typical = facts_centre.typicality(scope, list(seen), list(seen.values()))
+        cue_seen: dict[str, str] = {}
+        for hits in by_cue:
+            cue_seen.update((h.fact.id, h.fact.text) for h in hits)
+        cues_typical = cues_centre.typicality(scope, list(cue_seen), list(cue_seen.values()))
+        merged: list[list[tuple[float, Fact | str, str | None]]] = []
+        missing: dict[str, None] = {}
+        for hits, cue_hits in zip(base, by_cue, strict=True):
+            own: dict[str, tuple[float, Fact]] = {}  # fact id -> (centred own term, fact)
+            eligible: dict[str, None] = {}  # τ reads a cosine: the fact's own, or cue_weight x a cue's
+            for hit in hits:
+                own[hit.fact.id] = (hit.score - facts_typical.get(hit.fact.id, 0.0), hit.fact)
+                if hit.score >= params.min_score:
+                    eligible[hit.fact.id] = None
+            cue: dict[str, tuple[float, str]] = {}  # fact id -> (best centred cue term, that cue)
+            for hit in cue_hits:
+                fid = str(hit.fact.metadata.get("fact_id") or "")
+                if not fid:
+                    continue
+                term = hit.score - cues_typical.get(hit.fact.id, 0.0)
+                if fid not in cue or term > cue[fid][0]:
+                    cue[fid] = (term, hit.fact.text)
+                if self.cue_weight * hit.score >= params.min_score:
+                    eligible[fid] = None
+            own_floor = min((t for t, _ in own.values()), default=0.0)
+            cue_floor = min((t for t, _ in cue.values()), default=0.0)
+            scored: list[tuple[float, Fact | str, str | None]] = []
+            for fid in eligible:
+                own_term, fact = own[fid] if fid in own else (own_floor, fid)
+                cue_term, text = cue[fid] if fid in cue else (cue_floor, None)
+                # the hit names its cue where the cue counted for more than the fact's own text
+                scored.append((own_term + cue_term, fact, text if cue_term > own_term else None))
+                if fid not in own:
+                    missing[fid] = None
+            ranked = sorted(scored, key=lambda x: -x[0])  # stable: ties keep the store's order
+            merged.append(ranked[: params.top_k + len(missing)])
+        fetched = self._fetch(list(missing), scope) if missing else {}
+        results: list[list[Hit]] = []
+        for entries in merged:
+            direct: list[Hit] = []
+            for score, fact, cue_text in entries:
+                real = fetched.get(fact) if isinstance(fact, str) else fact
+                if real is None or not scope.allows(real.scope):
+                    continue
+                direct.append(Hit(fact=real, score=float(score), rank=len(direct), cue=cue_text))
+                if len(direct) == params.top_k:
+                    break
+            results.append(self._windowed(direct, {}, scope, params))
         return results
 
     def _fetch(self, ids: list[str], scope: Scope) -> dict[str, Fact]:

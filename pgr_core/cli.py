@@ -405,6 +405,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
             model = args.model or os.environ.get("PGR_LLM_MODEL") or os.environ.get("OPENAI_MODEL") or "default"
             store_options = {"cues": CueWriter.identity_for(model), "cue_weight": args.cue_weight}
+            if args.cue_scoring != "max":  # records over the default rule keep their old header
+                store_options["cue_scoring"] = args.cue_scoring
         rows = read_records(records, data, overrides, store_options)
         if not rows:
             _say(f"pgr: error: no records for these settings at {records}: run without --report-only first")
@@ -460,8 +462,10 @@ def _run_eval(
             _say("pgr: error: --cues needs an LLM to write cues (set PGR_LLM_BASE_URL; cached cues cost no call)")
             return 2
         writer = CueWriter(llm, cache=CueCache(args.cue_cache))
-        store, cue_report = with_cues(store, writer, cue_weight=args.cue_weight, log=_say)
+        store, cue_report = with_cues(store, writer, cue_weight=args.cue_weight, scoring=args.cue_scoring, log=_say)
         store_options = {"cues": writer.identity, "cue_weight": args.cue_weight}
+        if args.cue_scoring != "max":  # records over the default rule keep their old header
+            store_options["cue_scoring"] = args.cue_scoring
     rows = run_eval(
         data,
         methods,
@@ -614,6 +618,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="search every method through Anticipating: cues written by the LLM for each fact (cached)",
     )
     ev.add_argument("--cue-weight", type=unit_float, default=0.9, help="a cue's similarity counts this much (0-1]")
+    ev.add_argument(
+        "--cue-scoring",
+        choices=("max", "centred"),
+        default="max",
+        help="how a fact's own and cue similarities combine (Anticipating's scoring; default max)",
+    )
     ev.add_argument("--cue-cache", type=Path, default=Path(".pgr-cache/cues.sqlite3"), help="cues by fact text")
     ev.add_argument("--prefeval-kind", choices=["explicit", "choice-based", "persona-driven"], default="explicit")
     ev.add_argument("--fillers", type=nonnegative_int, default=5, help="PrefEval: filler conversations per history")

@@ -183,7 +183,9 @@ class PGR(Savings, Drivers):
         # every probe's scores centred on the scope's memory (pgr_core.centring); query_only() never is.
         # Typicality is measured in the store's own space when it has an embedder, whatever hygiene uses.
         space = CachedEmbedder.wrap(own, max_entries=cfg.embedding_cache_size) if own is not None else self.embedder
-        self.centre = MemoryCentre(store, space) if cfg.centring else None
+        # a store that centres its own scores (Anticipating(..., scoring="centred")) is not centred again
+        self.store_centres = bool(getattr(store, "centres_scores", False))
+        self.centre = MemoryCentre(store, space) if cfg.centring and not self.store_centres else None
         self.phase1_cache: ProspectionCache | None = None
         if cfg.phase1_reuse:
             if self.embedder is None:
@@ -623,6 +625,8 @@ class PGR(Savings, Drivers):
         to its (K, τ) by centred score (:func:`pgr_core.centring.centred`)."""
         cfg = self.config
         weight = cfg.centring if centre and self.centre is not None and p.trace.centring_off is None else None
+        if centre and cfg.centring and self.store_centres and p.trace.centring_off is None:
+            p.trace.centring_off = "the store centres its own scores"
         if weight:
             limits = list(limits) if limits is not None else [(params.top_k, params.min_score)] * len(probes)
             params = params.with_(top_k=max(params.top_k, cfg.centring_depth), min_score=0.0)

@@ -14,6 +14,7 @@ from pgr_core import PGR, Anticipating, CueCache, CueWriter, EdgeStore, Fact, Ha
 from pgr_core.anticipating import cue_ids, cue_path_for
 from pgr_core.cli import main
 from pgr_core.cues import MAX_CUE_WORDS, RETRY_TEMPERATURE, check_cues
+from pgr_core.embedders import unit_rows
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, LLMTimeoutError
 from pgr_core.prospectors import quoted
 from pgr_core.testing import ScriptedLLM, asked_facts, cue_llm
@@ -155,6 +156,44 @@ def test_query_only_over_anticipating_needs_no_llm(store: Anticipating) -> None:
     result = PGR(store).query_only("should I join a soccer league this summer?", scope=U1)
     assert result.facts[0].id == "knee"
     assert result.trace.usage.llm_calls == 0
+
+
+def test_centred_scoring_sums_own_and_best_cue_each_less_its_typicality_in_the_callers_memory() -> None:
+    inner = InMemoryStore(embedder=HashingEmbedder())
+    bob = "Bob's knee is perfect and he runs"
+    inner.add_facts([*facts(U1), Fact(id="bob-knee", text=bob, scope=U2)])
+    store = Anticipating(inner, scoring="centred")
+    store.build(CueWriter(cue_llm(CUES)), scope=U1)
+    store.build(CueWriter(cue_llm({bob: ["soccer league this summer for Bob", "a race"]})), scope=U2)
+    unit = lambda texts: unit_rows(inner.embedder.embed(texts))  # noqa: E731
+    probe = "should I join a soccer league this summer"
+    q = unit([probe])[0]
+    texts = {f.id: f.text for f in facts(U1)}
+    fact_mean = unit(list(texts.values())).mean(axis=0)  # alice's facts only: bob's never move her mean
+    cue_mean = unit([c for cs in CUES.values() for c in cs]).mean(axis=0)
+    own_terms, cue_terms = {}, {}
+    for fid, text in texts.items():
+        own, cues = unit([text])[0], unit(CUES[text])
+        if own @ q >= 0:  # a store reads no negative cosine: such a fact counts the lowest term read
+            own_terms[fid] = float(own @ q - own @ fact_mean)
+        read = [float(c @ q - c @ cue_mean) for c in cues if c @ q >= 0]
+        if read:
+            cue_terms[fid] = max(read)
+    low_own, low_cue = min(own_terms.values()), min(cue_terms.values())
+    want = {fid: own_terms.get(fid, low_own) + cue_terms.get(fid, low_cue) for fid in texts}
+    assert len(own_terms) < len(texts)  # the floor is exercised: one fact's own text is below 0
+    hits = store.search_batch([probe], scope=U1, params=SearchParams(top_k=3, min_score=0.0))[0]
+    assert [h.fact.id for h in hits] == sorted(want, key=lambda f: -want[f])
+    assert {h.fact.id: h.score for h in hits} == pytest.approx(want, abs=1e-5)
+    assert hits[0].fact.id == "knee" and hits[0].cue == CUES[KNEE][0]  # its cue counted for more than its text
+    assert all(h.fact.scope == U1 for h in hits)
+    # PGR does not centre the store's centred scores again, and its trace says why
+    result = PGR(store).retrieve(probe, scope=U1)
+    top = result.top(1)[0]
+    assert top.id == "knee" and top.score == pytest.approx(hits[0].score, abs=1e-5)  # not centred twice
+    assert result.trace.centring_off == "the store centres its own scores"
+    with pytest.raises(InvalidArgumentError, match="scoring"):
+        Anticipating(InMemoryStore(embedder=HashingEmbedder()), scoring="sum")
 
 
 # --------------------------------------------------------------------------- lifecycle

@@ -129,13 +129,18 @@ def _header(
 
 
 def with_cues(
-    store: Store, writer: Any, *, cue_weight: float, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)
+    store: Store,
+    writer: Any,
+    *,
+    cue_weight: float,
+    scoring: str = "max",
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 ) -> tuple[Any, dict[str, Any]]:
     """``store`` wrapped in :class:`~pgr_core.anticipating.Anticipating`, every owner's facts cued by
     ``writer`` (its cache serves facts it has seen); returns the wrapper and the build report."""
     from ..anticipating import Anticipating, CueBuildReport
 
-    wrapped = Anticipating(store, cue_weight=cue_weight)
+    wrapped = Anticipating(store, cue_weight=cue_weight, scoring=scoring)
     writer.retry_failed = False  # an eval rerun reuses the first run's verdicts: it asks only new facts
     owners = list(dict.fromkeys(f.scope for f in getattr(store, "facts", [])))
     total = CueBuildReport()
