@@ -172,7 +172,9 @@ class Anticipating(AddsOneFact, Store):
         self.cue_depth = 2  # cue hits asked per probe: cue_depth x top_k (a fact has several cues)
         self.writer = writer
         self.cues = self._cue_index(store, cues)
-        self.capabilities = replace(store.capabilities)  # type: ignore[misc]
+        # centred scores are not cosines (τ still reads the cosines behind them)
+        cosine = store.capabilities.cosine_scores and scoring == "max"
+        self.capabilities = replace(store.capabilities, cosine_scores=cosine)  # type: ignore[misc]
         self.name = f"anticipating:{getattr(store, 'name', type(store).__name__)}"
         #: scores already centred on the caller's memory (scoring="centred"): PGR leaves them as they are
         self.centres_scores = scoring == "centred"

@@ -24,6 +24,7 @@ prospecting and keeps what it has.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -655,6 +656,10 @@ class PGR(Savings, Drivers):
             hit_lists = [
                 centred(hits, typical, weight, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)
             ]
+        elif limits is not None and self.store_centres:
+            # a self-centring store's scores are not cosines: it read τ itself, at the call's floor (the
+            # round's lowest), so each list is cut to its K only
+            hit_lists = [cut_hits(hits, k, -math.inf) for hits, (k, _) in zip(hit_lists, limits, strict=True)]
         elif limits is not None:
             hit_lists = [cut_hits(hits, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)]
         decay = self.config.neighbour_decay

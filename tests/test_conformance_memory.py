@@ -42,3 +42,9 @@ class TestInMemoryStore(StoreConformance):
 
 class TestInMemoryStoreAnticipating(AnticipatingConformance, TestInMemoryStore):
     """The suite through Anticipating(InMemoryStore), and the cue path."""
+
+
+class TestInMemoryStoreAnticipatingCentred(TestInMemoryStoreAnticipating):
+    """The same suite through ``Anticipating(..., scoring="centred")``."""
+
+    scoring = "centred"
