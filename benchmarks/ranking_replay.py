@@ -17,7 +17,10 @@ and hits the run produced:
 - ``corroborated@S``: shared slots, but a step find that the query's own list also holds within its
   top 100 goes before one it does not (the query's rank breaking ties).
 
-Window neighbours are not in the compact trace: use it on runs without a window.
+Window neighbours are not in the compact trace: use it on runs without a window. Nor are the probes'
+centred scores: the query pool is rebuilt by rank, so on runs made with centring and the q_A probe (the
+defaults since issue 10's centring) ``shared@S`` does not reproduce the run's own order (9 MQ-lite
+questions, pgr-tot: 0.267 at recall@20 against 0.300 recorded); read ``recorded`` there, not the rest.
 """
 
 from __future__ import annotations
