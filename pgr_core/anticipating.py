@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .centring import MemoryCentre, hit_texts
 from .cues import MAX_CUES, CueBatch, CueWriter, text_key
 from .errors import ConfigurationError, InvalidArgumentError
 from .store import AddsOneFact, Store
@@ -176,9 +177,11 @@ class Anticipating(AddsOneFact, Store):
         cosine = store.capabilities.cosine_scores and scoring == "max"
         self.capabilities = replace(store.capabilities, cosine_scores=cosine)  # type: ignore[misc]
         self.name = f"anticipating:{getattr(store, 'name', type(store).__name__)}"
-        #: scores already centred on the caller's memory (scoring="centred"): PGR leaves them as they are
-        self.centres_scores = scoring == "centred"
-        self._centres: tuple[Any, Any] | None = None  # MemoryCentre of the facts, and of the cues
+        # scoring="centred": the typicality of the scope's facts, and of its cues (each rebuilt on a write)
+        self._centres: tuple[MemoryCentre, MemoryCentre] | None = None
+        if scoring == "centred":
+            embedder = getattr(store, "embedder", None)
+            self._centres = (MemoryCentre(store, embedder), MemoryCentre(self.cues, embedder))
 
     @staticmethod
     def _cue_index(store: Store, cues: Store | str | Path | None) -> Store:
@@ -202,6 +205,11 @@ class Anticipating(AddsOneFact, Store):
 
     def __repr__(self) -> str:
         return f"Anticipating({self.store!r}, cue_weight={self.cue_weight}, scoring={self.scoring!r})"
+
+    @property
+    def centres_scores(self) -> bool:
+        """Scores already centred on the caller's memory (``scoring="centred"``): PGR leaves them be."""
+        return self.scoring == "centred"
 
     def __getattr__(self, name: str) -> Any:  # facts_for, get, embedder, save... of the wrapped store
         if name.startswith("__") or name in ("store", "cues"):
@@ -251,38 +259,35 @@ class Anticipating(AddsOneFact, Store):
             for hit in hits:
                 if hit.neighbour_of is not None:
                     windows.setdefault(hit.neighbour_of, []).append(hit)
-            direct: list[Hit] = []
-            for score, fact, cue in entries:
-                real = fetched.get(fact) if isinstance(fact, str) else fact
-                if real is None or not scope.allows(real.scope):
-                    continue
-                direct.append(Hit(fact=real, score=float(score), rank=len(direct), cue=cue))
-                if len(direct) == params.top_k:
-                    break
-            results.append(direct)
-            results[-1] = self._windowed(direct, windows, scope, params)
+            results.append(self._windowed(self._direct(entries, fetched, scope, params.top_k), windows, scope, params))
         return results
+
+    @staticmethod
+    def _direct(
+        entries: Sequence[tuple[float, Fact | str, str | None]], fetched: Mapping[str, Fact], scope: Scope, top_k: int
+    ) -> list[Hit]:
+        """A probe's ranked (score, fact or id of a fact found through a cue, cue) entries as hits: a
+        cue-only fact as the store gave it (gone or not the caller's: skipped), cut to ``top_k``."""
+        direct: list[Hit] = []
+        for score, fact, cue in entries:
+            real = fetched.get(fact) if isinstance(fact, str) else fact
+            if real is None or not scope.allows(real.scope):
+                continue
+            direct.append(Hit(fact=real, score=float(score), rank=len(direct), cue=cue))
+            if len(direct) == top_k:
+                break
+        return direct
 
     def _centred_search(self, probes: Sequence[str], scope: Scope, params: SearchParams) -> list[list[Hit]]:
         """``scoring="centred"``: own and best-cue similarity, each less its typicality, summed."""
-        from .centring import MemoryCentre
-
-        if self._centres is None:
-            embedder = getattr(self.store, "embedder", None)
-            self._centres = (MemoryCentre(self.store, embedder), MemoryCentre(self.cues, embedder))
+        assert self._centres is not None  # built with the wrapper when scoring="centred"
         facts_centre, cues_centre = self._centres
         depth = max(params.top_k, CENTRED_DEPTH)
         base = self.store._checked_search(probes, scope, SearchParams(top_k=depth, min_score=0.0, window=0))
         wide = SearchParams(top_k=depth * self.cue_depth, min_score=0.0, window=0)
         by_cue = self.cues._checked_search(probes, scope, wide)
-        seen: dict[str, str] = {}
-        for hits in base:
-            seen.update((h.fact.id, h.fact.text) for h in hits)
-        facts_typical = facts_centre.typicality(scope, list(seen), list(seen.values()))
-        cue_seen: dict[str, str] = {}
-        for hits in by_cue:
-            cue_seen.update((h.fact.id, h.fact.text) for h in hits)
-        cues_typical = cues_centre.typicality(scope, list(cue_seen), list(cue_seen.values()))
+        facts_typical = facts_centre.typicality(scope, *hit_texts(base))
+        cues_typical = cues_centre.typicality(scope, *hit_texts(by_cue))
         merged: list[list[tuple[float, Fact | str, str | None]]] = []
         missing: dict[str, None] = {}
         for hits, cue_hits in zip(base, by_cue, strict=True):
@@ -315,18 +320,7 @@ class Anticipating(AddsOneFact, Store):
             ranked = sorted(scored, key=lambda x: -x[0])  # stable: ties keep the store's order
             merged.append(ranked[: params.top_k + len(missing)])
         fetched = self._fetch(list(missing), scope) if missing else {}
-        results: list[list[Hit]] = []
-        for entries in merged:
-            direct: list[Hit] = []
-            for score, fact, cue_text in entries:
-                real = fetched.get(fact) if isinstance(fact, str) else fact
-                if real is None or not scope.allows(real.scope):
-                    continue
-                direct.append(Hit(fact=real, score=float(score), rank=len(direct), cue=cue_text))
-                if len(direct) == params.top_k:
-                    break
-            results.append(self._windowed(direct, {}, scope, params))
-        return results
+        return [self._windowed(self._direct(e, fetched, scope, params.top_k), {}, scope, params) for e in merged]
 
     def _fetch(self, ids: list[str], scope: Scope) -> dict[str, Fact]:
         get_many = getattr(self.store, "get_many", None)

@@ -404,9 +404,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             from .cues import CueWriter
 
             model = args.model or os.environ.get("PGR_LLM_MODEL") or os.environ.get("OPENAI_MODEL") or "default"
-            store_options = {"cues": CueWriter.identity_for(model), "cue_weight": args.cue_weight}
-            if args.cue_scoring != "max":  # records over the default rule keep their old header
-                store_options["cue_scoring"] = args.cue_scoring
+            store_options = _cue_options(CueWriter.identity_for(model), args)
         rows = read_records(records, data, overrides, store_options)
         if not rows:
             _say(f"pgr: error: no records for these settings at {records}: run without --report-only first")
@@ -427,6 +425,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     finally:
         if disk is not None:
             disk.close()
+
+
+def _cue_options(writer: str, args: argparse.Namespace) -> dict[str, Any]:
+    """What a --cues run's records are filed under: the cue writer, the weight, and a rule other than
+    the default (records over the default rule keep the header they had before rules were options)."""
+    options: dict[str, Any] = {"cues": writer, "cue_weight": args.cue_weight}
+    if args.cue_scoring != "max":
+        options["cue_scoring"] = args.cue_scoring
+    return options
 
 
 def _run_eval(
@@ -463,9 +470,7 @@ def _run_eval(
             return 2
         writer = CueWriter(llm, cache=CueCache(args.cue_cache))
         store, cue_report = with_cues(store, writer, cue_weight=args.cue_weight, scoring=args.cue_scoring, log=_say)
-        store_options = {"cues": writer.identity, "cue_weight": args.cue_weight}
-        if args.cue_scoring != "max":  # records over the default rule keep their old header
-            store_options["cue_scoring"] = args.cue_scoring
+        store_options = _cue_options(writer.identity, args)
     rows = run_eval(
         data,
         methods,
@@ -618,9 +623,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="search every method through Anticipating: cues written by the LLM for each fact (cached)",
     )
     ev.add_argument("--cue-weight", type=unit_float, default=0.9, help="a cue's similarity counts this much (0-1]")
+    from .anticipating import SCORINGS
+
     ev.add_argument(
         "--cue-scoring",
-        choices=("max", "centred"),
+        choices=SCORINGS,
         default="max",
         help="how a fact's own and cue similarities combine (Anticipating's scoring; default max)",
     )

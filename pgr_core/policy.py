@@ -656,12 +656,13 @@ class PGR(Savings, Drivers):
             hit_lists = [
                 centred(hits, typical, weight, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)
             ]
-        elif limits is not None and self.store_centres:
-            # a self-centring store's scores are not cosines: it read τ itself, at the call's floor (the
-            # round's lowest), so each list is cut to its K only
-            hit_lists = [cut_hits(hits, k, -math.inf) for hits, (k, _) in zip(hit_lists, limits, strict=True)]
         elif limits is not None:
-            hit_lists = [cut_hits(hits, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)]
+            # a self-centring store's scores are not cosines: it read τ itself, at the call's floor (the
+            # round's lowest), so each of its lists is cut to its K only
+            hit_lists = [
+                cut_hits(hits, k, -math.inf if self.store_centres else tau)
+                for hits, (k, tau) in zip(hit_lists, limits, strict=True)
+            ]
         decay = self.config.neighbour_decay
         if decay is not None:  # a window neighbour earns its place in the probe's list (ranking.earned_order)
             hit_lists = [earned_order(h, decay, raw) if any(x.neighbour_of for x in h) else h for h in hit_lists]
