@@ -4,6 +4,7 @@ build``), the vectors from the vector cache.
 
     python benchmarks/cue_scoring.py --data ../shared/data/mq-lite/dev-facts.jsonl \
         --cue-cache .pgr-cache/cues.sqlite3 --model qwen [--vector-cache .pgr-cache/vectors] [--json out.json]
+    python benchmarks/cue_scoring.py --set locomo --data ../shared/data/locomo --user conv-30 --cue-cache ...
 
 For each question with gold, every fact of its user is scored against the question alone (MiniLM
 cosines, no floor, so the figures are those of query-only at K = 20 and of ``Anticipating``'s rule),
@@ -50,12 +51,16 @@ def _ranks(scores: np.ndarray) -> np.ndarray:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--set", default="jsonl", choices=("jsonl", "locomo"), help="the data set's format (jsonl)")
+    p.add_argument("--user", action="append", default=[], help="only this user's facts and questions")
     p.add_argument("--cue-cache", type=Path, required=True)
     p.add_argument("--model", default="qwen", help="the model name the cues were cached under")
     p.add_argument("--vector-cache", type=Path, default=Path(".pgr-cache/vectors"))
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
-    data = load_set("jsonl", args.data)
+    data = load_set(args.set, args.data)
+    if args.user:
+        data = data.select(users=args.user)
     embedder = disk_cached_embedder(MiniLMEmbedder(), args.vector_cache)
     got = CueCache(args.cue_cache).get_many(CueWriter.identity_for(args.model), [f.text for f in data.facts])
     facts = data.facts

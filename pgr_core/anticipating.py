@@ -143,9 +143,11 @@ class Anticipating(AddsOneFact, Store):
       :mod:`pgr_core.centring`) plus its best cue's similarity less that cue's typicality (against
       the mean of the scope's cues), over the probe's top :data:`CENTRED_DEPTH` facts and cues; a
       fact or cue the store did not read (beyond that depth, or below a cosine of 0) counts the
-      lowest term read. Scores are then not cosines, and
-      ``PGR`` does not centre them again. τ still reads a cosine: a fact is kept when its own
-      similarity, or ``cue_weight`` × a cue's, reaches it.
+      lowest term read, and a fact with no cues at all counts its own term twice (it is not marked
+      down for cues not written yet). Scores are then not cosines: each hit carries the cosine behind
+      it (``Hit.cosine``), window neighbours step down from that, and ``PGR`` does not centre them
+      again. τ still reads a cosine: a fact is kept when its own similarity, or ``cue_weight`` × a
+      cue's, reaches it.
     - ``writer``: a :class:`CueWriter`; with it, every fact written through the wrapper gets cues at
       once (one call per write batch). Without it, :meth:`build` backfills.
     """
@@ -289,6 +291,7 @@ class Anticipating(AddsOneFact, Store):
         facts_typical = facts_centre.typicality(scope, *hit_texts(base))
         cues_typical = cues_centre.typicality(scope, *hit_texts(by_cue))
         merged: list[list[tuple[float, Fact | str, str | None]]] = []
+        cosines: list[dict[str, float]] = []  # per probe: fact id -> its own cosine, where read
         missing: dict[str, None] = {}
         for hits, cue_hits in zip(base, by_cue, strict=True):
             own: dict[str, tuple[float, Fact]] = {}  # fact id -> (centred own term, fact)
@@ -309,18 +312,38 @@ class Anticipating(AddsOneFact, Store):
                     eligible[fid] = None
             own_floor = min((t for t, _ in own.values()), default=0.0)
             cue_floor = min((t for t, _ in cue.values()), default=0.0)
+            # a fact with no cues at all (not written yet, or failed) is not marked down for it: its own
+            # term stands for its cue term too, as if its text were its one cue
+            cued = self._cued([fid for fid in eligible if fid not in cue], scope)
             scored: list[tuple[float, Fact | str, str | None]] = []
             for fid in eligible:
                 own_term, fact = own[fid] if fid in own else (own_floor, fid)
-                cue_term, text = cue[fid] if fid in cue else (cue_floor, None)
+                cue_term, text = cue[fid] if fid in cue else (cue_floor if fid in cued else own_term, None)
                 # the hit names its cue where the cue counted for more than the fact's own text
                 scored.append((own_term + cue_term, fact, text if cue_term > own_term else None))
                 if fid not in own:
                     missing[fid] = None
             ranked = sorted(scored, key=lambda x: -x[0])  # stable: ties keep the store's order
             merged.append(ranked[: params.top_k + len(missing)])
+            cosines.append({h.fact.id: h.score for h in hits})
         fetched = self._fetch(list(missing), scope) if missing else {}
-        return [self._windowed(self._direct(e, fetched, scope, params.top_k), {}, scope, params) for e in merged]
+        out: list[list[Hit]] = []
+        for entries, cosine in zip(merged, cosines, strict=True):
+            direct = self._direct(entries, fetched, scope, params.top_k)
+            # the own cosine behind each centred score: window neighbours step down from it (ranking.earned_order)
+            direct = [replace(h, cosine=cosine[h.fact.id]) if h.fact.id in cosine else h for h in direct]
+            out.append(self._windowed(direct, {}, scope, params))
+        return out
+
+    def _cued(self, fact_ids: Sequence[str], scope: Scope) -> set[str]:
+        """Those of ``fact_ids`` that hold cues (one lookup of each fact's first cue record)."""
+        if not fact_ids:
+            return set()
+        first = {cue_ids(f, 1)[0]: f for f in fact_ids}
+        get_many = getattr(self.cues, "get_many", None)
+        if callable(get_many):
+            return {first[c] for c in get_many(list(first), scope=scope) if c in first}
+        return set(self.cues_of(fact_ids, scope=scope))
 
     def _fetch(self, ids: list[str], scope: Scope) -> dict[str, Fact]:
         get_many = getattr(self.store, "get_many", None)

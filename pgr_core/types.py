@@ -125,13 +125,16 @@ class Fact:
 @dataclass(frozen=True)
 class Hit:
     """A fact returned for one probe. ``neighbour_of`` is set when it came in through the window;
-    ``cue`` is the cue that scored it, when its cue beat its own text (:class:`~pgr_core.Anticipating`)."""
+    ``cue`` is the cue that scored it, when its cue beat its own text (:class:`~pgr_core.Anticipating`);
+    ``cosine`` is the probe's cosine to the fact's own text where ``score`` is not one (a store that
+    centres its own scores), so a window neighbour can step down from it."""
 
     fact: Fact
     score: float
     rank: int
     neighbour_of: str | None = None
     cue: str | None = None
+    cosine: float | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pgr_core.embedders import unit_rows
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, LLMTimeoutError
 from pgr_core.prospectors import quoted
 from pgr_core.testing import ScriptedLLM, asked_facts, cue_llm
-from pgr_core.types import SearchParams
+from pgr_core.types import Hit, SearchParams
 from pgr_core.write import Ingestor, Session, Turn
 
 U1 = Scope(user_id="u1")
@@ -194,6 +194,61 @@ def test_centred_scoring_sums_own_and_best_cue_each_less_its_typicality_in_the_c
     assert result.trace.centring_off == "the store centres its own scores"
     with pytest.raises(InvalidArgumentError, match="scoring"):
         Anticipating(InMemoryStore(embedder=HashingEmbedder()), scoring="sum")
+
+
+def test_centred_scoring_counts_an_uncued_facts_own_term_twice_and_hands_back_the_cosines() -> None:
+    """A fact with no cues (not built yet, or its reply failed) is not marked down to the lowest cue
+    term read: its own term stands for its cue term. Every hit carries the cosine behind its score."""
+    inner = InMemoryStore(embedder=HashingEmbedder())
+    inner.add_facts(facts(U1))
+    store = Anticipating(inner, scoring="centred")
+    store.build(CueWriter(cue_llm({KNEE: CUES[KNEE], PIZZA: CUES[PIZZA]})), scope=U1)  # the car has none
+    assert set(store.cues_of(["knee", "car", "pizza"], scope=U1)) == {"knee", "pizza"}
+    unit = lambda texts: unit_rows(inner.embedder.embed(texts))  # noqa: E731
+    probe = "I take the bus since I sold my car"
+    q = unit([probe])[0]
+    car = unit([CAR])[0]
+    fact_mean = unit([f.text for f in facts(U1)]).mean(axis=0)
+    hits = store.search_batch([probe], scope=U1, params=SearchParams(top_k=3, min_score=0.0))[0]
+    by_id = {h.fact.id: h for h in hits}
+    own_term = float(car @ q - car @ fact_mean)
+    assert by_id["car"].score == pytest.approx(2 * own_term, abs=1e-5)
+    assert by_id["car"].cue is None
+    assert by_id["car"].cosine == pytest.approx(float(car @ q), abs=1e-5)
+    assert hits[0].fact.id == "car"
+
+
+def test_a_window_neighbour_steps_down_from_its_anchors_cosine_under_centred_scores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Centred sums are small: a fraction of one would be almost nothing, and every neighbour would
+    ride right behind its anchor. PGR hands the store's cosines to earned_order, which steps a
+    neighbour down by (1 - γ) x its anchor's own cosine."""
+    import pgr_core.policy as policy
+    from pgr_core.ranking import earned_order
+
+    inner = InMemoryStore(embedder=HashingEmbedder())
+    inner.add_facts(facts(U1))
+    store = Anticipating(inner, scoring="centred")
+    store.build(CueWriter(cue_llm(CUES)), scope=U1)
+    probe = "should I join a soccer league this summer"
+    direct = store.search_batch([probe], scope=U1, params=SearchParams(top_k=3, min_score=0.0))[0]
+    cosines = {h.fact.id: h.cosine for h in direct}
+    seen: list[dict[str, float] | None] = []
+
+    def spy(hits, decay, raw=None):  # type: ignore[no-untyped-def]
+        seen.append(raw)
+        return earned_order(hits, decay, raw)
+
+    monkeypatch.setattr(policy, "earned_order", spy)
+    result = PGR(store).query_only(probe, scope=U1, top_k=1, window=1)
+    assert result.trace.rounds[0].probes[0].neighbours == ["car"]
+    assert seen and seen[0] == pytest.approx({"knee": cosines["knee"]})
+    knee = next(h for h in direct if h.fact.id == "knee")
+    neighbour = Hit(fact=next(f for f in facts(U1) if f.id == "car"), score=0.0, rank=0, neighbour_of="knee")
+    stepped = earned_order([knee, neighbour], 0.8, seen[0])
+    assert stepped[1].score == pytest.approx(knee.score - 0.2 * cosines["knee"], abs=1e-6)
+    assert [f.id for f in result.facts] == ["knee"]  # neighbours count toward K
 
 
 # --------------------------------------------------------------------------- lifecycle
