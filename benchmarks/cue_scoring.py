@@ -16,6 +16,8 @@ ranked, and recall@10 / recall@20 averaged. The rules:
 - ``expanded``: the fact's text and its cues embedded together as one text (document expansion);
 - ``cues joined``, ``cue centroid``: the cues alone, as one text or as the mean of their vectors;
 - ``rrf(own, best)`` and ``rrf(own, best, expanded)``: reciprocal-rank fusion (k = 60) of the lists;
+- ``the cues' excess typicality taken off``: the max rule with each cue less how much more typical
+  it is than the user's cues on average (the fact's own cosine left as it is);
 - ``centred``: each similarity less its typicality (pgr's centring, ``pgr_core.centring``): a fact's
   text less its cosine to the mean of its user's fact vectors, a cue less its cosine to the mean of its
   user's cue vectors; ``max(own, w*best), centred`` is ``Anticipating``'s rule over centred scores.
@@ -75,11 +77,13 @@ def main() -> int:
     centroid_v = _unit(np.stack([np.mean([cue_v[c] for c in cs], 0) if cs else own_v[i] for i, cs in enumerate(cues)]))
 
     centres: dict[object, tuple[np.ndarray, np.ndarray]] = {}  # scope -> mean fact vector, mean cue vector
+    cue_typical: dict[object, float] = {}  # scope -> its cues' mean typicality
     for scope in {f.scope for f in facts}:
         mine = [i for i, f in enumerate(facts) if f.scope == scope]
         mine_cues = [cue_v[c] for i in mine for c in cues[i]]
         cue_mean = np.mean(mine_cues, 0) if mine_cues else own_v[mine].mean(0)
         centres[scope] = (own_v[mine].mean(0), cue_mean)
+        cue_typical[scope] = float(np.mean([v @ cue_mean for v in mine_cues])) if mine_cues else 0.0
 
     def rules(q: np.ndarray, idx: list[int]) -> dict[str, np.ndarray]:
         own = own_v[idx] @ q
@@ -92,6 +96,9 @@ def main() -> int:
         own_c = own - typ_own
         centred_cue = lambda c: cue_v[c] @ q - cue_v[c] @ cue_mean  # noqa: E731
         best_c = np.array([max(map(centred_cue, cues[i])) if cues[i] else own_c[j] for j, i in enumerate(idx)])
+        # the cue side only: a cue less how much more typical it is than the user's cues on average
+        shift = cue_typical[facts[idx[0]].scope]
+        best_s = np.array([max(map(centred_cue, cues[i])) + shift if cues[i] else own[j] for j, i in enumerate(idx)])
         top2 = np.array([np.sort(c)[-2:].mean() for c in per_fact])
         expanded = expanded_v[idx] @ q
         r_own, r_best, r_exp = _ranks(own), _ranks(best), _ranks(expanded)
@@ -111,8 +118,12 @@ def main() -> int:
             "own, centred (pgr-none over the plain store)": own_c,
             "max(own, 0.9*best), the fact's typicality taken off": np.maximum(own, 0.9 * best) - typ_own,
             "max(own, 0.9*best), centred": np.maximum(own_c, 0.9 * best_c),
+            "max(own, 0.9*best), the cues' excess typicality taken off": np.maximum(own, 0.9 * best_s),
+            "max(own, 1.0*best), the cues' excess typicality taken off": np.maximum(own, best_s),
             "max(own, 1.0*best), centred": np.maximum(own_c, best_c),
-            "own + best, centred": own_c + best_c,
+            "own + best, centred (Anticipating, scoring=centred)": own_c + best_c,
+            "own + 0.75*best, centred": own_c + 0.75 * best_c,
+            "own + 0.5*best, centred": own_c + 0.5 * best_c,
         }
 
     questions = [q for q in data.questions if q.gold]

@@ -144,10 +144,10 @@ class Anticipating(AddsOneFact, Store):
       the mean of the scope's cues), over the probe's top :data:`CENTRED_DEPTH` facts and cues; a
       fact or cue the store did not read (beyond that depth, or below a cosine of 0) counts the
       lowest term read, and a fact with no cues at all counts its own term twice (it is not marked
-      down for cues not written yet). Scores are then not cosines: each hit carries the cosine behind
-      it (``Hit.cosine``), window neighbours step down from that, and ``PGR`` does not centre them
-      again. τ still reads a cosine: a fact is kept when its own similarity, or ``cue_weight`` × a
-      cue's, reaches it.
+      down for cues not written yet). Scores are then not cosines: each hit carries the two cosines
+      behind its sum (``Hit.raw``: own plus best cue), window neighbours step down from that, and
+      ``PGR`` does not centre them again. τ still reads a cosine: a fact is kept when its own
+      similarity, or ``cue_weight`` × a cue's, reaches it.
     - ``writer``: a :class:`CueWriter`; with it, every fact written through the wrapper gets cues at
       once (one call per write batch). Without it, :meth:`build` backfills.
     """
@@ -291,7 +291,7 @@ class Anticipating(AddsOneFact, Store):
         facts_typical = facts_centre.typicality(scope, *hit_texts(base))
         cues_typical = cues_centre.typicality(scope, *hit_texts(by_cue))
         merged: list[list[tuple[float, Fact | str, str | None]]] = []
-        cosines: list[dict[str, float]] = []  # per probe: fact id -> its own cosine, where read
+        raws: list[dict[str, float]] = []  # per probe: fact id -> the cosines behind its centred sum
         missing: dict[str, None] = {}
         for hits, cue_hits in zip(base, by_cue, strict=True):
             own: dict[str, tuple[float, Fact]] = {}  # fact id -> (centred own term, fact)
@@ -300,38 +300,46 @@ class Anticipating(AddsOneFact, Store):
                 own[hit.fact.id] = (hit.score - facts_typical.get(hit.fact.id, 0.0), hit.fact)
                 if hit.score >= params.min_score:
                     eligible[hit.fact.id] = None
-            cue: dict[str, tuple[float, str]] = {}  # fact id -> (best centred cue term, that cue)
+            cue: dict[str, tuple[float, str, float]] = {}  # fact id -> (best centred cue term, that cue, its cosine)
             for hit in cue_hits:
                 fid = str(hit.fact.metadata.get("fact_id") or "")
                 if not fid:
                     continue
                 term = hit.score - cues_typical.get(hit.fact.id, 0.0)
                 if fid not in cue or term > cue[fid][0]:
-                    cue[fid] = (term, hit.fact.text)
+                    cue[fid] = (term, hit.fact.text, hit.score)
                 if self.cue_weight * hit.score >= params.min_score:
                     eligible[fid] = None
             own_floor = min((t for t, _ in own.values()), default=0.0)
-            cue_floor = min((t for t, _ in cue.values()), default=0.0)
+            cue_floor = min((t for t, _, _ in cue.values()), default=0.0)
+            cosine = {h.fact.id: h.score for h in hits}
+            own_low, cue_low = min(cosine.values(), default=0.0), min((c for *_, c in cue.values()), default=0.0)
+            raw: dict[str, float] = {}  # fact id -> the cosines behind its sum (own + best cue)
             # a fact with no cues at all (not written yet, or failed) is not marked down for it: its own
             # term stands for its cue term too, as if its text were its one cue
             cued = self._cued([fid for fid in eligible if fid not in cue], scope)
             scored: list[tuple[float, Fact | str, str | None]] = []
             for fid in eligible:
                 own_term, fact = own[fid] if fid in own else (own_floor, fid)
-                cue_term, text = cue[fid] if fid in cue else (cue_floor if fid in cued else own_term, None)
+                own_cos = cosine.get(fid, own_low)
+                if fid in cue:
+                    cue_term, text, cue_cos = cue[fid]
+                else:
+                    cue_term, text, cue_cos = (cue_floor, None, cue_low) if fid in cued else (own_term, None, own_cos)
+                raw[fid] = own_cos + cue_cos
                 # the hit names its cue where the cue counted for more than the fact's own text
                 scored.append((own_term + cue_term, fact, text if cue_term > own_term else None))
                 if fid not in own:
                     missing[fid] = None
             ranked = sorted(scored, key=lambda x: -x[0])  # stable: ties keep the store's order
             merged.append(ranked[: params.top_k + len(missing)])
-            cosines.append({h.fact.id: h.score for h in hits})
+            raws.append(raw)
         fetched = self._fetch(list(missing), scope) if missing else {}
         out: list[list[Hit]] = []
-        for entries, cosine in zip(merged, cosines, strict=True):
+        for entries, raw in zip(merged, raws, strict=True):
             direct = self._direct(entries, fetched, scope, params.top_k)
-            # the own cosine behind each centred score: window neighbours step down from it (ranking.earned_order)
-            direct = [replace(h, cosine=cosine[h.fact.id]) if h.fact.id in cosine else h for h in direct]
+            # the cosines behind each centred sum: window neighbours step down from them (ranking.earned_order)
+            direct = [replace(h, raw=raw[h.fact.id]) for h in direct]
             out.append(self._windowed(direct, {}, scope, params))
         return out
 

@@ -663,8 +663,8 @@ class PGR(Savings, Drivers):
                 cut_hits(hits, k, -math.inf if self.store_centres else tau)
                 for hits, (k, tau) in zip(hit_lists, limits, strict=True)
             ]
-        if raw is None and self.store_centres:  # the cosines the store's centred scores came from
-            raw = {h.fact.id: h.cosine for hits in hit_lists for h in hits if h.cosine is not None}
+        if raw is None and self.store_centres:  # the similarities the store's centred scores came from
+            raw = {h.fact.id: h.raw for hits in hit_lists for h in hits if h.raw is not None}
         decay = self.config.neighbour_decay
         if decay is not None:  # a window neighbour earns its place in the probe's list (ranking.earned_order)
             hit_lists = [earned_order(h, decay, raw) if any(x.neighbour_of for x in h) else h for h in hit_lists]

@@ -126,15 +126,16 @@ class Fact:
 class Hit:
     """A fact returned for one probe. ``neighbour_of`` is set when it came in through the window;
     ``cue`` is the cue that scored it, when its cue beat its own text (:class:`~pgr_core.Anticipating`);
-    ``cosine`` is the probe's cosine to the fact's own text where ``score`` is not one (a store that
-    centres its own scores), so a window neighbour can step down from it."""
+    ``raw`` is the similarity behind ``score`` before centring, where the store centres its own scores
+    (``Anticipating(scoring="centred")``: the fact's own cosine plus its best cue's), so a window
+    neighbour can step down from it as from a cosine."""
 
     fact: Fact
     score: float
     rank: int
     neighbour_of: str | None = None
     cue: str | None = None
-    cosine: float | None = None
+    raw: float | None = None
 
 
 @dataclass(frozen=True)

@@ -196,9 +196,9 @@ def test_centred_scoring_sums_own_and_best_cue_each_less_its_typicality_in_the_c
         Anticipating(InMemoryStore(embedder=HashingEmbedder()), scoring="sum")
 
 
-def test_centred_scoring_counts_an_uncued_facts_own_term_twice_and_hands_back_the_cosines() -> None:
+def test_centred_scoring_counts_an_uncued_facts_own_term_twice_and_hands_back_the_raw_similarity() -> None:
     """A fact with no cues (not built yet, or its reply failed) is not marked down to the lowest cue
-    term read: its own term stands for its cue term. Every hit carries the cosine behind its score."""
+    term read: its own term stands for its cue term. Every hit carries the cosines behind its sum."""
     inner = InMemoryStore(embedder=HashingEmbedder())
     inner.add_facts(facts(U1))
     store = Anticipating(inner, scoring="centred")
@@ -214,16 +214,16 @@ def test_centred_scoring_counts_an_uncued_facts_own_term_twice_and_hands_back_th
     own_term = float(car @ q - car @ fact_mean)
     assert by_id["car"].score == pytest.approx(2 * own_term, abs=1e-5)
     assert by_id["car"].cue is None
-    assert by_id["car"].cosine == pytest.approx(float(car @ q), abs=1e-5)
+    assert by_id["car"].raw == pytest.approx(2 * float(car @ q), abs=1e-5)  # its text stands for its cue
     assert hits[0].fact.id == "car"
 
 
-def test_a_window_neighbour_steps_down_from_its_anchors_cosine_under_centred_scores(
+def test_a_window_neighbour_steps_down_from_its_anchors_raw_similarity_under_centred_scores(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Centred sums are small: a fraction of one would be almost nothing, and every neighbour would
-    ride right behind its anchor. PGR hands the store's cosines to earned_order, which steps a
-    neighbour down by (1 - γ) x its anchor's own cosine."""
+    ride right behind its anchor. PGR hands the store's raw similarities (own plus best cue cosine)
+    to earned_order, which steps a neighbour down by (1 - γ) x its anchor's."""
     import pgr_core.policy as policy
     from pgr_core.ranking import earned_order
 
@@ -233,7 +233,11 @@ def test_a_window_neighbour_steps_down_from_its_anchors_cosine_under_centred_sco
     store.build(CueWriter(cue_llm(CUES)), scope=U1)
     probe = "should I join a soccer league this summer"
     direct = store.search_batch([probe], scope=U1, params=SearchParams(top_k=3, min_score=0.0))[0]
-    cosines = {h.fact.id: h.cosine for h in direct}
+    raws = {h.fact.id: h.raw for h in direct}
+    unit = lambda texts: unit_rows(inner.embedder.embed(texts))  # noqa: E731
+    q = unit([probe])[0]
+    best_cue = max(float(c @ q) for c in unit(CUES[KNEE]))
+    assert raws["knee"] == pytest.approx(float(unit([KNEE])[0] @ q) + best_cue, abs=1e-5)
     seen: list[dict[str, float] | None] = []
 
     def spy(hits, decay, raw=None):  # type: ignore[no-untyped-def]
@@ -243,11 +247,11 @@ def test_a_window_neighbour_steps_down_from_its_anchors_cosine_under_centred_sco
     monkeypatch.setattr(policy, "earned_order", spy)
     result = PGR(store).query_only(probe, scope=U1, top_k=1, window=1)
     assert result.trace.rounds[0].probes[0].neighbours == ["car"]
-    assert seen and seen[0] == pytest.approx({"knee": cosines["knee"]})
+    assert seen and seen[0] == pytest.approx({"knee": raws["knee"]})
     knee = next(h for h in direct if h.fact.id == "knee")
     neighbour = Hit(fact=next(f for f in facts(U1) if f.id == "car"), score=0.0, rank=0, neighbour_of="knee")
     stepped = earned_order([knee, neighbour], 0.8, seen[0])
-    assert stepped[1].score == pytest.approx(knee.score - 0.2 * cosines["knee"], abs=1e-6)
+    assert stepped[1].score == pytest.approx(knee.score - 0.2 * raws["knee"], abs=1e-6)
     assert [f.id for f in result.facts] == ["knee"]  # neighbours count toward K
 
 
