@@ -322,10 +322,11 @@ class Anticipating(AddsOneFact, Store):
             for fid in eligible:
                 own_term, fact = own[fid] if fid in own else (own_floor, fid)
                 own_cos = cosine.get(fid, own_low)
+                text: str | None = None
                 if fid in cue:
                     cue_term, text, cue_cos = cue[fid]
                 else:
-                    cue_term, text, cue_cos = (cue_floor, None, cue_low) if fid in cued else (own_term, None, own_cos)
+                    cue_term, cue_cos = (cue_floor, cue_low) if fid in cued else (own_term, own_cos)
                 raw[fid] = own_cos + cue_cos
                 # the hit names its cue where the cue counted for more than the fact's own text
                 scored.append((own_term + cue_term, fact, text if cue_term > own_term else None))
