@@ -31,12 +31,23 @@ from .errors import ConfigurationError, InvalidArgumentError
 from .store import AddsOneFact, Store
 from .types import Fact, Hit, Scope, SearchParams
 
-__all__ = ["CENTRED_DEPTH", "DEFAULT_CUE_WEIGHT", "SCORINGS", "Anticipating", "CueBuildReport", "cue_path_for"]
+__all__ = [
+    "AUTO",
+    "CENTRED_DEPTH",
+    "DEFAULT_CUE_WEIGHT",
+    "SCORINGS",
+    "Anticipating",
+    "CueBuildReport",
+    "can_centre",
+    "cue_path_for",
+]
 
 DEFAULT_CUE_WEIGHT = 0.9
 """A cue's similarity counts this much against the fact's own (measured on MQ-lite dev: RESULTS.md)."""
 
 SCORINGS = ("max", "centred")
+AUTO = "auto"  # the default: "centred" where the store can be centred (it lists a scope's facts and
+# reads or embeds their vectors), "max" where it cannot
 CENTRED_DEPTH = 100  # facts (and cue_depth x as many cues) read per probe under scoring="centred"
 
 _SEP = "~cue"
@@ -131,6 +142,14 @@ class CueBuildReport:
         }
 
 
+def can_centre(store: Store) -> bool:
+    """Whether ``store``'s scores can be centred on a user's memory (:class:`MemoryCentre`): they are
+    cosines, and the store lists a scope's facts and reads their vectors or has an embedder to embed them."""
+    lists = callable(getattr(store, "facts_for", None))
+    vectors = callable(getattr(store, "vectors_for", None)) or getattr(store, "embedder", None) is not None
+    return bool(store.capabilities.cosine_scores) and lists and vectors
+
+
 class Anticipating(AddsOneFact, Store):
     """``store`` searched through its facts' text and their cues.
 
@@ -138,7 +157,10 @@ class Anticipating(AddsOneFact, Store):
       opens an EdgeStore there). Default: ``<DIR>/cues`` for an EdgeStore, otherwise a fresh
       InMemoryStore on the store's embedder (give a path to keep cues across processes).
     - ``cue_weight``: a fact's score is ``max(own similarity, cue_weight × best cue similarity)``.
-    - ``scoring``: ``"max"`` (the default: the rule above) or ``"centred"``: a fact scores its own
+    - ``scoring``: ``"auto"`` (the default: ``"centred"`` where the store's scores are cosines and it
+      can list a scope's facts and read or embed their vectors (:func:`can_centre`: pgr's own stores,
+      QdrantStore; ``"max"`` where not, such as a Mem0Store given no embedder or a RetrieverStore not
+      declared ``cosine_scores=True``), ``"max"`` (the rule above) or ``"centred"``: a fact scores its own
       similarity less its typicality (its cosine to the mean of the scope's facts,
       :mod:`pgr_core.centring`) plus its best cue's similarity less that cue's typicality (against
       the mean of the scope's cues), over the probe's top :data:`CENTRED_DEPTH` facts and cues; a
@@ -159,7 +181,7 @@ class Anticipating(AddsOneFact, Store):
         cues: Store | str | Path | None = None,
         cue_weight: float = DEFAULT_CUE_WEIGHT,
         writer: CueWriter | None = None,
-        scoring: str = "max",
+        scoring: str = AUTO,
     ) -> None:
         if not isinstance(store, Store):
             raise InvalidArgumentError(f"Anticipating wraps a pgr Store, got {type(store).__name__}")
@@ -167,8 +189,12 @@ class Anticipating(AddsOneFact, Store):
             raise InvalidArgumentError("this store already anticipates: wrap the inner store once")
         if isinstance(cue_weight, bool) or not isinstance(cue_weight, int | float) or not 0.0 < cue_weight <= 1.5:
             raise InvalidArgumentError(f"cue_weight must be a number in (0, 1.5], got {cue_weight!r}")
-        if scoring not in SCORINGS:
-            raise InvalidArgumentError(f"scoring must be one of {', '.join(map(repr, SCORINGS))}, got {scoring!r}")
+        if scoring not in (AUTO, *SCORINGS):
+            raise InvalidArgumentError(
+                f"scoring must be one of {', '.join(map(repr, (AUTO, *SCORINGS)))}, got {scoring!r}"
+            )
+        if scoring == AUTO:
+            scoring = "centred" if can_centre(store) else "max"
         self.store = store
         self.cue_weight = float(cue_weight)
         self.scoring = scoring

@@ -429,7 +429,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _cue_options(writer: str, args: argparse.Namespace) -> dict[str, Any]:
     """What a --cues run's records are filed under: the cue writer, the weight, and a rule other than
-    the default (records over the default rule keep the header they had before rules were options)."""
+    max (records over the max rule keep the header they had before rules were options)."""
     options: dict[str, Any] = {"cues": writer, "cue_weight": args.cue_weight}
     if args.cue_scoring != "max":
         options["cue_scoring"] = args.cue_scoring
@@ -628,8 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--cue-scoring",
         choices=SCORINGS,
-        default="max",
-        help="how a fact's own and cue similarities combine (Anticipating's scoring; default max)",
+        default="centred",
+        help="how a fact's own and cue similarities combine (Anticipating's scoring; default centred, what "
+        "scoring='auto' picks for the in-memory eval store)",
     )
     ev.add_argument("--cue-cache", type=Path, default=Path(".pgr-cache/cues.sqlite3"), help="cues by fact text")
     ev.add_argument("--prefeval-kind", choices=["explicit", "choice-based", "persona-driven"], default="explicit")

@@ -50,7 +50,7 @@ def store() -> Anticipating:
     inner = InMemoryStore(embedder=HashingEmbedder())
     bob = "Bob's knee is perfect and he runs"
     inner.add_facts([*facts(U1), Fact(id="bob-knee", text=bob, scope=U2)])
-    wrapped = Anticipating(inner)
+    wrapped = Anticipating(inner, scoring="max")  # the max rule's own tests; the default is pinned below
     wrapped.build(CueWriter(cue_llm(CUES)), scope=U1)
     wrapped.build(CueWriter(cue_llm({bob: ["soccer league this summer for Bob", "a race"]})), scope=U2)
     return wrapped
@@ -253,6 +253,20 @@ def test_a_window_neighbour_steps_down_from_its_anchors_raw_similarity_under_cen
     stepped = earned_order([knee, neighbour], 0.8, seen[0])
     assert stepped[1].score == pytest.approx(knee.score - 0.2 * raws["knee"], abs=1e-6)
     assert [f.id for f in result.facts] == ["knee"]  # neighbours count toward K
+
+
+def test_the_default_rule_centres_where_the_store_can_be_centred_and_falls_back_to_max_where_not() -> None:
+    inner = InMemoryStore(embedder=HashingEmbedder())
+    assert Anticipating(inner).scoring == "centred" and Anticipating(inner).centres_scores
+
+    class Opaque(InMemoryStore):  # lists no facts (a store that cannot, like a Mem0Store with no embedder)
+        facts_for = None  # type: ignore[assignment]
+
+    opaque = Anticipating(Opaque(embedder=HashingEmbedder()), cues=InMemoryStore(embedder=HashingEmbedder()))
+    assert opaque.scoring == "max" and not opaque.centres_scores
+    assert opaque.capabilities.cosine_scores
+    with pytest.raises(InvalidArgumentError, match="'auto', 'max', 'centred'"):
+        Anticipating(inner, scoring="sum")
 
 
 # --------------------------------------------------------------------------- lifecycle

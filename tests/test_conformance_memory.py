@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgr_core import HashingEmbedder, InMemoryStore
+from pgr_core import Anticipating, HashingEmbedder, InMemoryStore
 from pgr_core.embedders import MiniLMEmbedder, minilm_available
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance
 
@@ -41,10 +41,15 @@ class TestInMemoryStore(StoreConformance):
 
 
 class TestInMemoryStoreAnticipating(AnticipatingConformance, TestInMemoryStore):
-    """The suite through Anticipating(InMemoryStore), and the cue path."""
+    """The suite through Anticipating(InMemoryStore) (the default rule: centred), and the cue path."""
+
+    def test_the_rule_in_use(self, store: Anticipating) -> None:
+        """The default ("auto") centres here: an InMemoryStore lists a scope's facts and their vectors."""
+        want = "centred" if self.scoring == "auto" else self.scoring
+        assert store.scoring == want and store.centres_scores == (want == "centred")
 
 
-class TestInMemoryStoreAnticipatingCentred(TestInMemoryStoreAnticipating):
-    """The same suite through ``Anticipating(..., scoring="centred")``."""
+class TestInMemoryStoreAnticipatingMax(TestInMemoryStoreAnticipating):
+    """The same suite through ``Anticipating(..., scoring="max")``."""
 
-    scoring = "centred"
+    scoring = "max"

@@ -91,6 +91,15 @@ def _snapshot(client: QdrantClient, collection: str) -> list[tuple]:
     return [(str(r.id), json.dumps(r.payload, sort_keys=True), json.dumps(r.vector, sort_keys=True)) for r in records]
 
 
+def _assert_untouched(after: list[tuple], before: list[tuple]) -> None:
+    """No point added, removed or re-keyed, no payload changed, no vector moved. A vector is compared
+    to float32 rounding: qdrant-client's local mode itself moves a stored vector by up to 3e-8 after a
+    plain ``client.query_points`` (seen with no pgr call between the two scrolls)."""
+    assert [(i, p) for i, p, _ in after] == [(i, p) for i, p, _ in before]
+    for (_, _, va), (_, _, vb) in zip(after, before, strict=True):
+        assert np.allclose(json.loads(va), json.loads(vb), rtol=0, atol=1e-6)
+
+
 # ====================================================================== conformance, three clients
 
 
@@ -116,10 +125,11 @@ class TestQdrantLocal(StoreConformance):
 
     def test_capabilities(self, store):
         caps = store.capabilities
+        cosines = not getattr(store, "centres_scores", False)  # Anticipating's centred sums are not cosines
         assert (caps.writable, caps.dates, caps.cosine_scores, caps.window, caps.native_async) == (
             True,
             True,
-            True,
+            cosines,
             True,
             False,
         )
@@ -1344,13 +1354,13 @@ def test_build_backfills_cues_over_a_collection_its_application_filled_and_leave
     bobs = wrapped.search_batch([cue], scope=BOB, params=SearchParams(top_k=3, min_score=0.0))[0]
     assert [h.fact.text for h in bobs] == [BOB_NOTE] and bobs[0].cue is None  # alice's cues are hers
     if kind == "sync":
-        assert _snapshot(client, "memories") == before  # no point, payload or vector changed
+        after = _snapshot(client, "memories")
     else:
         records, _ = asyncio.run(client.scroll("memories", limit=100, with_payload=True, with_vectors=True))
         after = [
             (str(r.id), json.dumps(r.payload, sort_keys=True), json.dumps(r.vector, sort_keys=True)) for r in records
         ]
-        assert after == before
+    _assert_untouched(after, before)
 
 
 def test_acreate_collection_takes_exactly_create_collections_arguments():
