@@ -159,8 +159,8 @@ class Anticipating(AddsOneFact, Store):
     - ``cue_weight``: a fact's score is ``max(own similarity, cue_weight × best cue similarity)``.
     - ``scoring``: ``"auto"`` (the default: ``"centred"`` where the store's scores are cosines and it
       can list a scope's facts and read or embed their vectors (:func:`can_centre`: pgr's own stores,
-      QdrantStore; ``"max"`` where not, such as a Mem0Store given no embedder or a RetrieverStore not
-      declared ``cosine_scores=True``), ``"max"`` (the rule above) or ``"centred"``: a fact scores its own
+      QdrantStore; ``"max"`` where not, such as a Mem0Store or RetrieverStore given no embedder, or one
+      not declared ``cosine_scores=True``), ``"max"`` (the rule above) or ``"centred"``: a fact scores its own
       similarity less its typicality (its cosine to the mean of the scope's facts,
       :mod:`pgr_core.centring`) plus its best cue's similarity less that cue's typicality (against
       the mean of the scope's cues), over the probe's top :data:`CENTRED_DEPTH` facts and cues; a
