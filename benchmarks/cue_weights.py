@@ -85,7 +85,7 @@ def main() -> int:
 
     embedder = disk_cached_embedder(MiniLMEmbedder(), args.vector_cache)
     store = build_store(data.facts, embedder)
-    wrapped = Anticipating(store)
+    wrapped = Anticipating(store, scoring="max")  # the weights below are the max rule's
     writer = CueWriter(CacheOnly(args.model), cache=CueCache(args.cue_cache))
     started = time.perf_counter()
     owners = list(dict.fromkeys(f.scope for f in store.facts))
@@ -126,7 +126,7 @@ def main() -> int:
             EdgeStore.open(Path(work) / "s", embedder=embedder, create=True) as edge,
         ):
             edge.add_from(store)
-            with Anticipating(edge) as edge_cued:  # its cue index: <dir>/cues, another EdgeStore
+            with Anticipating(edge, scoring="max") as edge_cued:  # its cue index: <dir>/cues, another EdgeStore
                 for owner in owners:
                     edge_cued.build(writer, scope=owner)
                 edge_centred = Anticipating(edge, cues=edge_cued.cues, scoring="centred")

@@ -133,7 +133,7 @@ def with_cues(
     writer: Any,
     *,
     cue_weight: float,
-    scoring: str = "max",
+    scoring: str = "auto",
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 ) -> tuple[Any, dict[str, Any]]:
     """``store`` wrapped in :class:`~pgr_core.anticipating.Anticipating`, every owner's facts cued by
