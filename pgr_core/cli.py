@@ -469,7 +469,9 @@ def _run_eval(
             _say("pgr: error: --cues needs an LLM to write cues (set PGR_LLM_BASE_URL; cached cues cost no call)")
             return 2
         writer = CueWriter(llm, cache=CueCache(args.cue_cache))
-        store, cue_report = with_cues(store, writer, cue_weight=args.cue_weight, scoring=args.cue_scoring, log=_say)
+        store, cue_report = with_cues(
+            store, writer, cue_weight=args.cue_weight, scoring=args.cue_scoring, retry_failed=args.cue_retry, log=_say
+        )
         store_options = _cue_options(writer.identity, args)
     rows = run_eval(
         data,
@@ -633,6 +635,12 @@ def build_parser() -> argparse.ArgumentParser:
         "scoring='auto' picks for the in-memory eval store)",
     )
     ev.add_argument("--cue-cache", type=Path, default=Path(".pgr-cache/cues.sqlite3"), help="cues by fact text")
+    ev.add_argument(
+        "--cue-retry",
+        action="store_true",
+        help="ask again about facts the cue cache records as failed (a call of their own at temperature 0.7); "
+        "by default an eval reuses that verdict",
+    )
     ev.add_argument("--prefeval-kind", choices=["explicit", "choice-based", "persona-driven"], default="explicit")
     ev.add_argument("--fillers", type=nonnegative_int, default=5, help="PrefEval: filler conversations per history")
     ev.add_argument("--per-topic", type=positive_int, default=None, help="PrefEval: first N preferences of each topic")

@@ -462,6 +462,54 @@ def test_pgr_eval_cues_finds_the_cued_reference_and_reuses_the_cache(
     assert cued["cues"]["cued"] == 23 and cued["cues"]["llm_calls"] == 3
 
 
+def test_pgr_eval_cue_retry_asks_again_about_facts_whose_cues_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    facts_ = [
+        {"id": "u1:f1", "text": KNEE, "session_id": "s1", "position": 0},
+        {"id": "u1:f2", "text": PIZZA, "session_id": "s2", "position": 0},
+    ]
+    query = {
+        "id": "u1:q1",
+        "query": "should I join a soccer league this summer",
+        "references": [{"text": "knee", "fact_ids": ["u1:f1"]}],
+    }
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"user_id": "u1", "facts": facts_, "queries": [query]}) + "\n", encoding="utf-8")
+    argv = ["eval", "jsonl", "--data", str(data), "--methods", "query-only", "--embedder", "hashing", "--cues"]
+    argv += [
+        "--cache",
+        str(tmp_path / "llm"),
+        "--vector-cache",
+        str(tmp_path / "vec"),
+        "--json",
+        str(tmp_path / "r.json"),
+    ]
+    healthy = {"on": False}
+
+    def reply(request: Any) -> Any:
+        asked = asked_facts((request.body or {})["messages"])
+        if PIZZA in asked.values() and not healthy["on"]:
+            return ok("no cues today")  # unusable, and so is the repair: the fact is recorded as failed
+        return ok(json.dumps({"cues": [{"id": h, "cues": CUES[t]} for h, t in asked.items()]}))
+
+    with LoopbackLLM() as server:
+        server.default = reply
+        llm = ["--base-url", server.base_url, "--model", "m", "--cue-cache", str(tmp_path / "cues.sqlite3")]
+        assert main([*argv, *llm]) == 0
+        first = json.loads((tmp_path / "r.json").read_text())["cues"]
+        calls = server.count
+        healthy["on"] = True
+        assert main([*argv, *llm]) == 0  # the verdict is reused: no call
+        assert server.count == calls
+        assert main([*argv, *llm, "--cue-retry"]) == 0
+        again = json.loads((tmp_path / "r.json").read_text())["cues"]
+    capsys.readouterr()
+    assert (first["cued"], first["without_cues"]) == (1, 1)
+    assert server.count == calls + 1  # one call, for the failed fact alone
+    assert (again["cued"], again["without_cues"], again["llm_calls"]) == (2, 0, 1)
+
+
 def _cue_server_reply_by_text(request: Any) -> Any:
     known = {KNEE: CUES[KNEE]}
     asked = asked_facts((request.body or {})["messages"])

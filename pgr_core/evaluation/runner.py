@@ -134,14 +134,18 @@ def with_cues(
     *,
     cue_weight: float,
     scoring: str = "auto",
+    retry_failed: bool = False,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 ) -> tuple[Any, dict[str, Any]]:
     """``store`` wrapped in :class:`~pgr_core.anticipating.Anticipating`, every owner's facts cued by
-    ``writer`` (its cache serves facts it has seen); returns the wrapper and the build report."""
+    ``writer`` (its cache serves facts it has seen); returns the wrapper and the build report.
+
+    ``retry_failed``: ask again about facts the cache records as failed (a call of their own at the
+    retry temperature, as ``pgr cues build`` does); by default a rerun reuses the verdicts."""
     from ..anticipating import Anticipating, CueBuildReport
 
     wrapped = Anticipating(store, cue_weight=cue_weight, scoring=scoring)
-    writer.retry_failed = False  # an eval rerun reuses the first run's verdicts: it asks only new facts
+    writer.retry_failed = retry_failed
     owners = list(dict.fromkeys(f.scope for f in getattr(store, "facts", [])))
     total = CueBuildReport()
     started = time.perf_counter()
