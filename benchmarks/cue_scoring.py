@@ -97,8 +97,8 @@ def main() -> int:
         centred_cue = lambda c: cue_v[c] @ q - cue_v[c] @ cue_mean  # noqa: E731
         best_c = np.array([max(map(centred_cue, cues[i])) if cues[i] else own_c[j] for j, i in enumerate(idx)])
         # the cue side only: a cue less how much more typical it is than the user's cues on average
-        shift = cue_typical[facts[idx[0]].scope]
-        best_s = np.array([max(map(centred_cue, cues[i])) + shift if cues[i] else own[j] for j, i in enumerate(idx)])
+        cued = np.array([bool(cues[i]) for i in idx])
+        best_s = np.where(cued, best_c + cue_typical[facts[idx[0]].scope], own)
         top2 = np.array([np.sort(c)[-2:].mean() for c in per_fact])
         expanded = expanded_v[idx] @ q
         r_own, r_best, r_exp = _ranks(own), _ranks(best), _ranks(expanded)

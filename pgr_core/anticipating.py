@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .centring import MemoryCentre, hit_texts
+from .centring import MemoryCentre, centrable, hit_texts
 from .cues import MAX_CUES, CueBatch, CueWriter, text_key
 from .errors import ConfigurationError, InvalidArgumentError
 from .store import AddsOneFact, Store
@@ -143,11 +143,9 @@ class CueBuildReport:
 
 
 def can_centre(store: Store) -> bool:
-    """Whether ``store``'s scores can be centred on a user's memory (:class:`MemoryCentre`): they are
-    cosines, and the store lists a scope's facts and reads their vectors or has an embedder to embed them."""
-    lists = callable(getattr(store, "facts_for", None))
-    vectors = callable(getattr(store, "vectors_for", None)) or getattr(store, "embedder", None) is not None
-    return bool(store.capabilities.cosine_scores) and lists and vectors
+    """Whether ``store``'s scores can be centred on a user's memory: they are cosines, and a
+    :class:`MemoryCentre` can read the scope's vectors (:func:`~pgr_core.centring.centrable`)."""
+    return bool(store.capabilities.cosine_scores) and centrable(store, getattr(store, "embedder", None))
 
 
 class Anticipating(AddsOneFact, Store):
@@ -316,17 +314,13 @@ class Anticipating(AddsOneFact, Store):
         by_cue = self.cues._checked_search(probes, scope, wide)
         facts_typical = facts_centre.typicality(scope, *hit_texts(base))
         cues_typical = cues_centre.typicality(scope, *hit_texts(by_cue))
-        merged: list[list[tuple[float, Fact | str, str | None]]] = []
-        raws: list[dict[str, float]] = []  # per probe: fact id -> the cosines behind its centred sum
-        missing: dict[str, None] = {}
+        # per probe: fact id -> (centred own term, fact, cosine); fact id -> (best centred cue term, that
+        # cue, its cosine); the facts τ keeps (it reads a cosine: the fact's own, or cue_weight x a cue's)
+        read: list[tuple[dict[str, tuple[float, Fact, float]], dict[str, tuple[float, str, float]], list[str]]] = []
         for hits, cue_hits in zip(base, by_cue, strict=True):
-            own: dict[str, tuple[float, Fact]] = {}  # fact id -> (centred own term, fact)
-            eligible: dict[str, None] = {}  # τ reads a cosine: the fact's own, or cue_weight x a cue's
-            for hit in hits:
-                own[hit.fact.id] = (hit.score - facts_typical.get(hit.fact.id, 0.0), hit.fact)
-                if hit.score >= params.min_score:
-                    eligible[hit.fact.id] = None
-            cue: dict[str, tuple[float, str, float]] = {}  # fact id -> (best centred cue term, that cue, its cosine)
+            own = {h.fact.id: (h.score - facts_typical.get(h.fact.id, 0.0), h.fact, h.score) for h in hits}
+            keep = {h.fact.id: None for h in hits if h.score >= params.min_score}
+            cue: dict[str, tuple[float, str, float]] = {}
             for hit in cue_hits:
                 fid = str(hit.fact.metadata.get("fact_id") or "")
                 if not fid:
@@ -335,19 +329,28 @@ class Anticipating(AddsOneFact, Store):
                 if fid not in cue or term > cue[fid][0]:
                     cue[fid] = (term, hit.fact.text, hit.score)
                 if self.cue_weight * hit.score >= params.min_score:
-                    eligible[fid] = None
-            own_floor = min((t for t, _ in own.values()), default=0.0)
-            cue_floor = min((t for t, _, _ in cue.values()), default=0.0)
-            cosine = {h.fact.id: h.score for h in hits}
-            own_low, cue_low = min(cosine.values(), default=0.0), min((c for *_, c in cue.values()), default=0.0)
-            raw: dict[str, float] = {}  # fact id -> the cosines behind its sum (own + best cue)
-            # a fact with no cues at all (not written yet, or failed) is not marked down for it: its own
-            # term stands for its cue term too, as if its text were its one cue
-            cued = self._cued([fid for fid in eligible if fid not in cue], scope)
+                    keep[fid] = None
+            read.append((own, cue, list(keep)))
+        # a fact with no cues at all (not written yet, or failed) is not marked down for it: its own term
+        # stands for its cue term too, as if its text were its one cue (one lookup for the whole call)
+        cued = self._cued(list(dict.fromkeys(f for _, cue, eligible in read for f in eligible if f not in cue)), scope)
+        merged: list[list[tuple[float, Fact | str, str | None]]] = []
+        raws: list[dict[str, float]] = []  # per probe: fact id -> the cosines behind its centred sum
+        missing: dict[str, None] = {}
+        for own, cue, eligible in read:
+            # what the store did not read counts the lowest it read: term and cosine alike
+            own_floor, own_low = (
+                min((x[0] for x in own.values()), default=0.0),
+                min((x[2] for x in own.values()), default=0.0),
+            )
+            cue_floor, cue_low = (
+                min((x[0] for x in cue.values()), default=0.0),
+                min((x[2] for x in cue.values()), default=0.0),
+            )
+            raw: dict[str, float] = {}
             scored: list[tuple[float, Fact | str, str | None]] = []
             for fid in eligible:
-                own_term, fact = own[fid] if fid in own else (own_floor, fid)
-                own_cos = cosine.get(fid, own_low)
+                own_term, fact, own_cos = own[fid] if fid in own else (own_floor, fid, own_low)
                 text: str | None = None
                 if fid in cue:
                     cue_term, text, cue_cos = cue[fid]
@@ -371,14 +374,20 @@ class Anticipating(AddsOneFact, Store):
         return out
 
     def _cued(self, fact_ids: Sequence[str], scope: Scope) -> set[str]:
-        """Those of ``fact_ids`` that hold cues (one lookup of each fact's first cue record)."""
-        if not fact_ids:
-            return set()
-        first = {cue_ids(f, 1)[0]: f for f in fact_ids}
+        """Those of ``fact_ids`` that hold cues (a lookup of each fact's first cue record only)."""
+        return {str(r.metadata.get("fact_id")) for r in self._cue_records(fact_ids, scope, per_fact=1)}
+
+    def _cue_records(self, fact_ids: Iterable[str], scope: Scope, *, per_fact: int = MAX_CUES * 3) -> list[Fact]:
+        """The cue records of ``fact_ids`` within ``scope``: the first ``per_fact`` cue ids of each, by id
+        where the index fetches by id, else the scope's whole listing filtered."""
+        wanted = set(fact_ids)
+        if not wanted:
+            return []
         get_many = getattr(self.cues, "get_many", None)
         if callable(get_many):
-            return {first[c] for c in get_many(list(first), scope=scope) if c in first}
-        return set(self.cues_of(fact_ids, scope=scope))
+            return list(get_many([c for f in wanted for c in cue_ids(f, per_fact)], scope=scope).values())
+        listed = self.cues.facts_for(scope)  # type: ignore[attr-defined]
+        return [r for r in listed if str(r.metadata.get("fact_id") or "") in wanted]
 
     def _fetch(self, ids: list[str], scope: Scope) -> dict[str, Fact]:
         get_many = getattr(self.store, "get_many", None)
@@ -508,23 +517,12 @@ class Anticipating(AddsOneFact, Store):
     ) -> dict[str, Any]:
         """The cues held for ``fact_ids`` within ``scope``: fact id → cue texts (with ``with_keys``,
         fact id → (text key of the fact they were written for, cue texts))."""
-        scope = Scope.coerce(scope)
-        wanted = set(fact_ids)
-        if not wanted:
-            return {}
-        get_many = getattr(self.cues, "get_many", None)
-        records: Iterable[Fact] = (
-            get_many([c for f in wanted for c in cue_ids(f)], scope=scope).values()
-            if callable(get_many)
-            else self.cues.facts_for(scope)  # type: ignore[attr-defined]
-        )
         found: dict[str, list[tuple[int, str, str]]] = {}
-        for record in records:
+        for record in self._cue_records(fact_ids, Scope.coerce(scope)):
             fid = str(record.metadata.get("fact_id") or "")
-            if fid in wanted:
-                found.setdefault(fid, []).append(
-                    (int(record.metadata.get("cue") or 0), record.text, str(record.metadata.get("fact_key") or ""))
-                )
+            found.setdefault(fid, []).append(
+                (int(record.metadata.get("cue") or 0), record.text, str(record.metadata.get("fact_key") or ""))
+            )
         out: dict[str, Any] = {}
         for fid, rows in found.items():
             rows.sort()

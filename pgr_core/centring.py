@@ -29,7 +29,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .embedders import Embedder
     from .store import Store
 
-__all__ = ["CentringUnavailable", "MemoryCentre", "centred"]
+__all__ = ["CentringUnavailable", "MemoryCentre", "centrable", "centred"]
 
 _MAX_EMBEDDED = 2000  # a store that gives no vectors: the mean of an even sample of at most this many facts
 
@@ -55,6 +55,13 @@ class _Centre:
 
     mean: np.ndarray | None  # None: the store lists no fact for the scope
     typical: dict[str, float]
+
+
+def centrable(store: Any, embedder: Any = None) -> bool:
+    """Whether a :class:`MemoryCentre` over ``store`` can build a scope's mean: the store lists a
+    scope's facts (``facts_for``) and reads their vectors (``vectors_for``), or ``embedder`` embeds them."""
+    lists = callable(getattr(store, "facts_for", None))
+    return lists and (callable(getattr(store, "vectors_for", None)) or embedder is not None)
 
 
 class MemoryCentre:
