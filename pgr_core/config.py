@@ -40,11 +40,16 @@ class PGRConfig:
       default: every prefix of R* gives the query's own list ``query_share`` of its slots and the
       step probes the rest, round-robin, facts several probes found first), ``"llm"`` (the summary
       call names the records that matter; they lead, the shared order fills the rest; a non-choice
-      falls back to it) or ``"fused"`` (best weighted reciprocal rank: with ``query_weight`` above
-      1.32 the query's top 20 outrank every step-only fact, so ``top(20)`` is the query-only list).
+      falls back to it), ``"scored"`` (every fact at its best score over the probes, each probe's
+      but the request's own less ``step_margin``: a step's find takes a slot only by outscoring the
+      request's next fact; no slot is set aside) or ``"fused"`` (best weighted reciprocal rank: with
+      ``query_weight`` above 1.32 the query's top 20 outrank every step-only fact, so ``top(20)`` is
+      the query-only list).
     - ``query_share``: the query's share of every prefix under ``"shared"`` and ``"llm"`` (0.75,
       chosen on MQ-lite dev: with the local 1.5B model's steps and with the facet prospector, a
       larger share lost less of the query's own finds; see benchmarks/RESULTS.md).
+    - ``step_margin``: under ``"scored"``, what every probe's score but the request's gives up
+      (0.0; in [0, 1]). Scores are centred (``centring``), so they compare across probes.
     - ``query_weight``: weight of the query's own hit list under ``"fused"``.
     - ``answer_context_tokens``: how much of R* (in its order) the answer prompt holds (1500 tokens).
     - ``centring``: w, how far every probe's scores are centred on the scope's memory (1.0; ``None`` or
@@ -94,6 +99,7 @@ class PGRConfig:
     query_weight: float = 1.5
     ranking: str = "shared"
     query_share: float = 0.75
+    step_margin: float = 0.0
     answer_context_tokens: int = 1500
     centring: float | None = 1.0
     intent_probe: bool = True
@@ -147,6 +153,9 @@ class PGRConfig:
         q = self.query_share
         if isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 <= q <= 1.0:
             raise InvalidArgumentError(f"query_share must be a number in [0, 1], got {q!r}")
+        m = self.step_margin
+        if isinstance(m, bool) or not isinstance(m, int | float) or not 0.0 <= m <= 1.0:
+            raise InvalidArgumentError(f"step_margin must be a number in [0, 1], got {m!r}")
         t = self.answer_context_tokens
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise InvalidArgumentError(f"answer_context_tokens must be an integer >= 1, got {t!r}")

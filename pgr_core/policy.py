@@ -53,7 +53,7 @@ from .prospectors import (
     quoted,
     tidy_summary,
 )
-from .ranking import QUERY_SIDE, choose, earned_order, fused_order, llm_order, shared_order
+from .ranking import QUERY_SIDE, choose, earned_order, fused_order, llm_order, scored_order, shared_order
 from .savings import Savings, cut_hits
 from .store import Store
 from .telemetry import Telemetry
@@ -723,6 +723,8 @@ class PGR(Savings, Drivers):
         probes = [pr for r in p.trace.rounds for pr in r.probes]
         if ranking == "fused":
             facts = fused_order(p.found)
+        elif ranking == "scored":
+            facts = scored_order(p.found, probes, cfg.step_margin)
         elif ranking == "llm" and p.trace.chosen_ids:
             facts = llm_order(p.found, probes, cfg.query_share, p.trace.chosen_ids)
         else:

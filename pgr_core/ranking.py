@@ -13,6 +13,13 @@ chosen by ``PGRConfig.ranking``:
   filled round-robin over the probes (every probe's best hit, then every probe's second...); a fact
   that several step probes returned moves up one round per extra probe, and goes first among its
   round. A fact both lists hold takes the first slot either gives it.
+- ``"scored"``: every fact at its best score over all probes, each probe's score but the
+  request's own less ``step_margin`` (q_A's too: a restatement is the model's reading, like a
+  step): no slot is set aside for the steps, a fact a step found must outscore the request's own
+  next fact by the margin to take its slot. Under centring (``PGRConfig.centring``) every probe's scores are its
+  cosines less the facts' typicality in the caller's memory, so they compare across probes: a
+  generic step ("plan a budget") grazes typical facts and scores them low, a specific one that
+  reaches a specific fact scores it high. When the steps find little the list is the query's own.
 - ``"llm"``: the summary call also names the records that matter, most important first; they lead,
   and the shared order fills the rest. A reply that does not choose (the records' own order echoed,
   unknown ids, fewer than ``min_chosen``) is ignored and the shared order used; the trace says why.
@@ -33,9 +40,9 @@ from dataclasses import dataclass, field, replace
 from .trace import FoundFact, Probe
 from .types import Hit
 
-__all__ = ["RANKINGS", "Choice", "choose", "earned_order", "fused_order", "llm_order", "shared_order"]
+__all__ = ["RANKINGS", "Choice", "choose", "earned_order", "fused_order", "llm_order", "scored_order", "shared_order"]
 
-RANKINGS = ("fused", "shared", "llm")
+RANKINGS = ("fused", "shared", "llm", "scored")
 QUERY_SIDE = ("query", "intent")  # the request and its restatement q_A: the query's share of R*
 
 
@@ -195,6 +202,45 @@ def shared_order(found: Mapping[str, FoundFact], probes: Iterable[Probe], query_
             placed.add(item)
             out.append(item)
             taken[pool] += 1
+    rest = [f for f in fused_order(found) if f.id not in placed]
+    return [found[i] for i in out] + rest
+
+
+def scored_order(found: Mapping[str, FoundFact], probes: Iterable[Probe], step_margin: float = 0.0) -> list[FoundFact]:
+    """Each fact at its best score over the probes that read it, every probe's but the request's
+    own less ``step_margin`` (ties: the request's first, then the higher rank); a window neighbour ranked by its probe's
+    earned order keeps its place just below the hit before it, one that rides with its anchor
+    (``neighbour_decay=None``) follows it. Facts no probe ranked follow by fused rank.
+
+    >>> from pgr_core.types import Fact, Scope
+    >>> found = {i: FoundFact(Fact(i, i, Scope(user_id="u")), 0.0, 0.0, 1, "q") for i in "abcd"}
+    >>> request = Probe("q", "query", hits=[("a", 0.30), ("b", 0.10)])
+    >>> probes = [request, Probe("s", "step", "s1", hits=[("c", 0.20), ("d", 0.05)])]
+    >>> [f.id for f in scored_order(found, probes)]
+    ['a', 'c', 'b', 'd']
+    >>> [f.id for f in scored_order(found, probes, step_margin=0.15)]
+    ['a', 'b', 'c', 'd']
+    """
+    probes = list(probes)
+    best: dict[str, tuple[float, int, int]] = {}  # fact id -> (-score, 0 the request / 1 other, rank): least wins
+    for probe in probes:
+        side = 0 if probe.source == "query" else 1
+        handicap = step_margin if side else 0.0
+        scores = dict(probe.hits)
+        last = math.inf
+        for rank, fid in enumerate(_ranked_ids(probe)):
+            last = scores.get(fid, last)  # a neighbour in the probe's earned order: just below the hit before it
+            key = (-(last - handicap), side, rank)
+            if fid in found and (fid not in best or key < best[fid]):
+                best[fid] = key
+    neighbours = {} if any(pr.order for pr in probes) else _neighbours(found)
+    out: list[str] = []
+    placed: set[str] = set()
+    for fid in sorted(best, key=lambda f: best[f]):
+        for item in (fid, *neighbours.get(fid, ())):
+            if item not in placed:
+                placed.add(item)
+                out.append(item)
     rest = [f for f in fused_order(found) if f.id not in placed]
     return [found[i] for i in out] + rest
 
