@@ -5,6 +5,7 @@ build``), the vectors from the vector cache.
     python benchmarks/cue_scoring.py --data ../shared/data/mq-lite/dev-facts.jsonl \
         --cue-cache .pgr-cache/cues.sqlite3 --model qwen [--vector-cache .pgr-cache/vectors] [--json out.json]
     python benchmarks/cue_scoring.py --set locomo --data ../shared/data/locomo --user conv-30 --cue-cache ...
+    python benchmarks/cue_scoring.py ... --max-cues 1     # each fact's first cue only
 
 For each question with gold, every fact of its user is scored against the question alone (MiniLM
 cosines, no floor, so the figures are those of query-only at K = 20 and of ``Anticipating``'s rule),
@@ -22,7 +23,8 @@ ranked, and recall@10 / recall@20 averaged. The rules:
   text less its cosine to the mean of its user's fact vectors, a cue less its cosine to the mean of its
   user's cue vectors; ``max(own, w*best), centred`` is ``Anticipating``'s rule over centred scores.
 
-A fact the cache has no cues for is scored by its text alone in every rule.
+A fact the cache has no cues for is scored by its text alone in every rule. ``--max-cues N`` keeps
+each fact's first N cues: what asking for fewer would give, if the model writes its best first.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ def main() -> int:
     p.add_argument("--model", default="qwen", help="the model name the cues were cached under")
     p.add_argument("--vector-cache", type=Path, default=Path(".pgr-cache/vectors"))
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--max-cues", type=int, default=None, help="keep only each fact's first N cues (what fewer cues would give)"
+    )
     args = p.parse_args()
     data = load_set(args.set, args.data)
     if args.user:
@@ -66,7 +71,7 @@ def main() -> int:
     embedder = disk_cached_embedder(MiniLMEmbedder(), args.vector_cache)
     got = CueCache(args.cue_cache).get_many(CueWriter.identity_for(args.model), [f.text for f in data.facts])
     facts = data.facts
-    cues = [list(got.get(f.text, ())) for f in facts]
+    cues = [list(got.get(f.text, ()))[: args.max_cues] for f in facts]
     print(f"{len(facts)} facts, {sum(1 for c in cues if c)} with cues in the cache", file=sys.stderr)
     own_v = _unit(np.asarray(embedder.embed([f.text for f in facts]), dtype=np.float32))
     texts = sorted({c for cs in cues for c in cs})

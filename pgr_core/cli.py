@@ -468,7 +468,7 @@ def _run_eval(
         if llm is None:
             _say("pgr: error: --cues needs an LLM to write cues (set PGR_LLM_BASE_URL; cached cues cost no call)")
             return 2
-        writer = CueWriter(llm, cache=CueCache(args.cue_cache))
+        writer = CueWriter(llm, cues_per_fact=args.cues_per_fact, cache=CueCache(args.cue_cache))
         store, cue_report = with_cues(
             store, writer, cue_weight=args.cue_weight, scoring=args.cue_scoring, retry_failed=args.cue_retry, log=_say
         )
@@ -635,6 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
         "scoring='auto' picks for the in-memory eval store)",
     )
     ev.add_argument("--cue-cache", type=Path, default=Path(".pgr-cache/cues.sqlite3"), help="cues by fact text")
+    from .cli_write import cues_per_fact_option
+
+    cues_per_fact_option(ev)
     ev.add_argument(
         "--cue-retry",
         action="store_true",

@@ -238,7 +238,7 @@ def _cue_writer(args: argparse.Namespace, llm: LLM | None) -> Any:
 
     if llm is None:
         raise ConfigurationError("cues are written by an LLM: set PGR_LLM_BASE_URL or pass --base-url")
-    return CueWriter(llm, cache=CueCache(args.cue_cache))
+    return CueWriter(llm, cues_per_fact=args.cues_per_fact, cache=CueCache(args.cue_cache))
 
 
 def cmd_cues(args: argparse.Namespace) -> int:
@@ -393,6 +393,20 @@ def _llm_options(p: argparse.ArgumentParser) -> None:
 
 def _cue_cache_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cue-cache", type=Path, default=Path(".pgr-cache/cues.sqlite3"), help="cues by fact text (SQLite)")
+    cues_per_fact_option(p)
+
+
+def cues_per_fact_option(p: argparse.ArgumentParser) -> None:
+    from .cues import DEFAULT_CUES, MAX_CUES, MIN_CUES
+
+    p.add_argument(
+        "--cues-per-fact",
+        type=int,
+        choices=range(MIN_CUES, MAX_CUES + 1),
+        default=DEFAULT_CUES,
+        metavar="N",
+        help=f"cues the LLM writes for each fact ({MIN_CUES}-{MAX_CUES}; default {DEFAULT_CUES})",
+    )
 
 
 def _lock_option(p: argparse.ArgumentParser) -> None:

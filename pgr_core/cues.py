@@ -58,6 +58,7 @@ CUE_SCHEMA: Mapping[str, Any] = {
 MAX_CUE_WORDS = 12
 MIN_CUES = 2
 MAX_CUES = 4
+DEFAULT_CUES = 3  # cues asked per fact
 _MAX_FACT_CHARS = 400
 RETRY_TEMPERATURE = 0.7  # a fact the model failed on is asked again at this temperature, not the same call
 MAX_FACTS_PER_CALL = 24  # a session with more new facts is asked about in parts (rare: sessions hold 1-10)
@@ -230,7 +231,7 @@ class CueWriter:
         self,
         llm: LLM,
         *,
-        cues_per_fact: int = 3,
+        cues_per_fact: int = DEFAULT_CUES,
         cache: CueCache | None = None,
         max_tokens: int | None = None,
         temperature: float = 0.0,
@@ -253,15 +254,17 @@ class CueWriter:
         self.retry_failed = True
         self.identity = self.identity_for(str(getattr(llm, "model", None) or llm.name), cues_per_fact)
         example_facts, example_reply = (part.strip() for part in render("cues_example").split("\n---\n"))
-        self._example_turn = (example_facts, example_reply)  # the worked example, read once
         reply = json.loads(example_reply)
+        # the worked example, read once, its cues cut to as many as asked (it holds MAX_CUES a fact)
+        shown = {"cues": [{**item, "cues": item["cues"][:cues_per_fact]} for item in reply["cues"]]}
+        self._example_turn = (example_facts, json.dumps(shown))
         self._example = frozenset(" ".join(c.lower().split()) for item in reply["cues"] for c in item["cues"])
 
     def __repr__(self) -> str:
         return f"CueWriter({self.llm!r}, cues_per_fact={self.cues_per_fact})"
 
     @staticmethod
-    def identity_for(model: str, cues_per_fact: int = 3) -> str:
+    def identity_for(model: str, cues_per_fact: int = DEFAULT_CUES) -> str:
         """What the cue cache keys a writer's cues by: the model, the prompt's digest, cues per fact."""
         digest = hashlib.sha256(prompt("cues").encode("utf-8")).hexdigest()[:12]
         return f"{model}|cues-{digest}|{cues_per_fact}"

@@ -456,10 +456,26 @@ def test_pgr_eval_cues_finds_the_cued_reference_and_reuses_the_cache(
         assert main([*common, *cache, *llm, "--cues", "--no-cache", "--json", str(tmp_path / "again.json")]) == 0
         assert server.count == first  # the cue cache answered every fact
         assert main([*common, *cache, *llm, "--cues", "--report-only", "--json", str(tmp_path / "again.json")]) == 0
+        # four cues a fact: cached apart from the three-cue build, so each session is asked again, for 4
+        assert (
+            main([*common, *cache, *llm, "--cues", "--cues-per-fact", "4", "--json", str(tmp_path / "four.json")]) == 0
+        )
+        asked = [b["messages"][-1]["content"] for b in server.bodies()[first:]]
+        assert len(asked) == 3 and all("Write 4 cues for every fact" in a for a in asked)
     capsys.readouterr()
     assert plain["methods"]["query-only"]["recall_at"]["10"] == 0.0  # 20 fillers are closer to the words
     assert cued["methods"]["query-only"]["recall_at"]["10"] == 1.0
     assert cued["cues"]["cued"] == 23 and cued["cues"]["llm_calls"] == 3
+    assert json.loads((tmp_path / "four.json").read_text())["cues"]["llm_calls"] == 3
+
+
+def test_the_worked_example_shows_as_many_cues_as_asked() -> None:
+    for count in (2, 3, 4):
+        writer = CueWriter(ScriptedLLM([]), cues_per_fact=count)
+        example, reply = writer.messages([Fact(id="p", text=PIZZA, scope=U1)])[:2]
+        shown = json.loads(reply["content"])["cues"]
+        assert len(shown) == 4 and all(len(item["cues"]) == count for item in shown)
+        assert f"Write {count} cues for every fact" in example["content"]
 
 
 def test_pgr_eval_cue_retry_asks_again_about_facts_whose_cues_failed(
