@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from pgr_core import CueCache, CueWriter, MiniLMEmbedder
+from pgr_core.cues import DEFAULT_CUES
 from pgr_core.evaluation import load_set
 from pgr_core.evaluation.cache import disk_cached_embedder
 from pgr_core.evaluation.metrics import recall_at
@@ -64,12 +65,15 @@ def main() -> int:
     p.add_argument(
         "--max-cues", type=int, default=None, help="keep only each fact's first N cues (what fewer cues would give)"
     )
+    p.add_argument("--cues-per-fact", type=int, default=DEFAULT_CUES, help="the build to read: cues asked per fact")
     args = p.parse_args()
     data = load_set(args.set, args.data)
     if args.user:
         data = data.select(users=args.user)
     embedder = disk_cached_embedder(MiniLMEmbedder(), args.vector_cache)
-    got = CueCache(args.cue_cache).get_many(CueWriter.identity_for(args.model), [f.text for f in data.facts])
+    got = CueCache(args.cue_cache).get_many(
+        CueWriter.identity_for(args.model, args.cues_per_fact), [f.text for f in data.facts]
+    )
     facts = data.facts
     cues = [list(got.get(f.text, ()))[: args.max_cues] for f in facts]
     print(f"{len(facts)} facts, {sum(1 for c in cues if c)} with cues in the cache", file=sys.stderr)

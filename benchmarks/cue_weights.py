@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pgr_core import PGR, Anticipating, CueCache, CueWriter
+from pgr_core.cues import DEFAULT_CUES
 from pgr_core.errors import LLMConnectionError
 from pgr_core.evaluation import load_set
 from pgr_core.evaluation.cache import disk_cached_embedder
@@ -72,6 +73,7 @@ def main() -> int:
     p.add_argument("--kind", default="jsonl", choices=["jsonl", "locomo"])
     p.add_argument("--cue-cache", type=Path, required=True)
     p.add_argument("--model", default="qwen", help="the model name the cues were cached under")
+    p.add_argument("--cues-per-fact", type=int, default=DEFAULT_CUES, help="the build to read: cues asked per fact")
     p.add_argument("--weights", default="0.6,0.7,0.8,0.9,1.0")
     p.add_argument("--k", default="10,20")
     p.add_argument("--vector-cache", type=Path, default=Path(".pgr-cache/vectors"))
@@ -86,7 +88,7 @@ def main() -> int:
     embedder = disk_cached_embedder(MiniLMEmbedder(), args.vector_cache)
     store = build_store(data.facts, embedder)
     wrapped = Anticipating(store, scoring="max")  # the weights below are the max rule's
-    writer = CueWriter(CacheOnly(args.model), cache=CueCache(args.cue_cache))
+    writer = CueWriter(CacheOnly(args.model), cues_per_fact=args.cues_per_fact, cache=CueCache(args.cue_cache))
     started = time.perf_counter()
     owners = list(dict.fromkeys(f.scope for f in store.facts))
     built = [wrapped.build(writer, scope=o) for o in owners]

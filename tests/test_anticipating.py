@@ -456,17 +456,17 @@ def test_pgr_eval_cues_finds_the_cued_reference_and_reuses_the_cache(
         assert main([*common, *cache, *llm, "--cues", "--no-cache", "--json", str(tmp_path / "again.json")]) == 0
         assert server.count == first  # the cue cache answered every fact
         assert main([*common, *cache, *llm, "--cues", "--report-only", "--json", str(tmp_path / "again.json")]) == 0
-        # four cues a fact: cached apart from the three-cue build, so each session is asked again, for 4
+        # two cues a fact: cached apart from the default build, so each session is asked again, for 2
         assert (
-            main([*common, *cache, *llm, "--cues", "--cues-per-fact", "4", "--json", str(tmp_path / "four.json")]) == 0
+            main([*common, *cache, *llm, "--cues", "--cues-per-fact", "2", "--json", str(tmp_path / "two.json")]) == 0
         )
         asked = [b["messages"][-1]["content"] for b in server.bodies()[first:]]
-        assert len(asked) == 3 and all("Write 4 cues for every fact" in a for a in asked)
+        assert len(asked) == 3 and all("Write 2 cues for every fact" in a for a in asked)
     capsys.readouterr()
     assert plain["methods"]["query-only"]["recall_at"]["10"] == 0.0  # 20 fillers are closer to the words
     assert cued["methods"]["query-only"]["recall_at"]["10"] == 1.0
     assert cued["cues"]["cued"] == 23 and cued["cues"]["llm_calls"] == 3
-    assert json.loads((tmp_path / "four.json").read_text())["cues"]["llm_calls"] == 3
+    assert json.loads((tmp_path / "two.json").read_text())["cues"]["llm_calls"] == 3
 
 
 def test_the_worked_example_shows_as_many_cues_as_asked() -> None:
