@@ -34,16 +34,12 @@ import numpy as np
 from ranking_replay import arguments, methods_of, pgr_records
 
 from pgr_core import MiniLMEmbedder
+from pgr_core.embedders import unit_rows
 from pgr_core.evaluation import load_set
 from pgr_core.evaluation.metrics import recall_at
 
 SIZES = (10, 20, 30, 40)
 WEIGHTS = (0.25, 0.5, 1.0)
-
-
-def _unit(a: Any) -> np.ndarray:
-    v = np.asarray(a, dtype=np.float32)
-    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
 
 
 def texts_of(trace: Sequence[Any], request: str) -> tuple[str | None, list[str]]:
@@ -89,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         embedder = disk_cached_embedder(embedder, args.vector_cache)
     data = load_set("jsonl", args.data)
-    vectors = _unit(embedder.embed([f.text for f in data.facts]))
+    vectors = unit_rows(embedder.embed([f.text for f in data.facts]))
     table: dict[str, dict[str, dict[int, list[float]]]] = {}
     for r, q, _ in pgr_records(data, args.records, methods_of(args)):
         mine = [i for i, f in enumerate(data.facts) if f.scope == q.scope]
@@ -97,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         own = vectors[mine]
         typical = own @ own.mean(0)
         restated, steps = texts_of(r["extra"]["trace"], q.question)
-        asked = _unit(embedder.embed([q.question, *([restated] if restated else []), *steps]))
+        asked = unit_rows(embedder.embed([q.question, *([restated] if restated else []), *steps]))
         centred = [own @ v - typical for v in asked]
         scored = rules(centred[0], centred[1] if restated else None, centred[2 if restated else 1 :])
         rows = table.setdefault(r["method"], {})

@@ -142,6 +142,12 @@ class CueBuildReport:
         }
 
 
+def _lowest(read: Iterable[tuple[float, Any, float]]) -> tuple[float, float]:
+    """The lowest centred term and the lowest cosine among ``(term, _, cosine)`` rows (0.0 for none)."""
+    rows = list(read)
+    return min((r[0] for r in rows), default=0.0), min((r[2] for r in rows), default=0.0)
+
+
 def can_centre(store: Store) -> bool:
     """Whether ``store``'s scores can be centred on a user's memory: they are cosines, and a
     :class:`MemoryCentre` can read the scope's vectors (:func:`~pgr_core.centring.centrable`)."""
@@ -339,14 +345,8 @@ class Anticipating(AddsOneFact, Store):
         missing: dict[str, None] = {}
         for own, cue, eligible in read:
             # what the store did not read counts the lowest it read: term and cosine alike
-            own_floor, own_low = (
-                min((x[0] for x in own.values()), default=0.0),
-                min((x[2] for x in own.values()), default=0.0),
-            )
-            cue_floor, cue_low = (
-                min((x[0] for x in cue.values()), default=0.0),
-                min((x[2] for x in cue.values()), default=0.0),
-            )
+            own_floor, own_low = _lowest(own.values())
+            cue_floor, cue_low = _lowest(cue.values())
             raw: dict[str, float] = {}
             scored: list[tuple[float, Fact | str, str | None]] = []
             for fid in eligible:

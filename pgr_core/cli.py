@@ -462,13 +462,13 @@ def _run_eval(
     store_options: dict[str, Any] | None = None
     cue_report: dict[str, Any] | None = None
     if args.cues:
-        from .cues import CueCache, CueWriter
+        from .cli_write import cue_writer
         from .evaluation.runner import with_cues
 
         if llm is None:
             _say("pgr: error: --cues needs an LLM to write cues (set PGR_LLM_BASE_URL; cached cues cost no call)")
             return 2
-        writer = CueWriter(llm, cues_per_fact=args.cues_per_fact, cache=CueCache(args.cue_cache))
+        writer = cue_writer(args, llm)
         store, cue_report = with_cues(
             store, writer, cue_weight=args.cue_weight, scoring=args.cue_scoring, retry_failed=args.cue_retry, log=_say
         )
@@ -634,10 +634,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="how a fact's own and cue similarities combine (Anticipating's scoring; default centred, what "
         "scoring='auto' picks for the in-memory eval store)",
     )
-    ev.add_argument("--cue-cache", type=Path, default=Path(".pgr-cache/cues.sqlite3"), help="cues by fact text")
-    from .cli_write import cues_per_fact_option
+    from .cli_write import cue_options
 
-    cues_per_fact_option(ev)
+    cue_options(ev)
     ev.add_argument(
         "--cue-retry",
         action="store_true",

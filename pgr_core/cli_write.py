@@ -172,7 +172,7 @@ def _ingest_run(
 ) -> int:
     from .write import Ingestor
 
-    cue_writer = _cue_writer(args, llm) if args.cues else None
+    writer = cue_writer(args, llm) if args.cues else None
     ingestor = Ingestor(
         store,
         llm if args.mode == "extract" else None,
@@ -186,7 +186,7 @@ def _ingest_run(
         checkpoint_every=args.checkpoint_every,
         redo_raw=args.redo_raw,
         progress=not args.no_progress,
-        cues=cue_writer or False,
+        cues=writer or False,
     )
     sessions = sum(len(u.sessions) for u in users)
     _say(f"{args.source}: {len(users)} user(s), {sessions} sessions, mode {ingestor.mode}, into {out}")
@@ -206,7 +206,7 @@ def _ingest_run(
             f"+{report.facts_added} facts, {report.facts_updated} updated, {report.facts_rejected} refused, "
             f"{report.llm_calls} LLM calls, {report.consolidations} consolidation(s) merging {report.merged} cluster(s)"
         )
-        if cue_writer is not None:
+        if writer is not None:
             per_fact = summary.get("cue_tokens_per_fact", 0)
             print(
                 f"cues: {report.facts_cued} fact(s) cued, {report.facts_without_cues} left for `pgr cues build`; "
@@ -233,7 +233,8 @@ def _interrupted(users: list[Any], ledger: Any, out: Path) -> Exception:
     )
 
 
-def _cue_writer(args: argparse.Namespace, llm: LLM | None) -> Any:
+def cue_writer(args: argparse.Namespace, llm: LLM | None) -> Any:
+    """The :class:`~pgr_core.cues.CueWriter` that :func:`cue_options` describe."""
     from .cues import CueCache, CueWriter
 
     if llm is None:
@@ -246,7 +247,7 @@ def cmd_cues(args: argparse.Namespace) -> int:
     from .types import Scope
     from .write._progress import ProgressBar
 
-    writer = _cue_writer(args, required_llm(args, "pgr cues build"))
+    writer = cue_writer(args, required_llm(args, "pgr cues build"))
     out: Path = args.store
     with _opened(out, args, "pgr cues build", create=False, cues=True) as store:
         users = args.user or users_of(store.store)
@@ -391,14 +392,11 @@ def _llm_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
 
 
-def _cue_cache_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cue-cache", type=Path, default=Path(".pgr-cache/cues.sqlite3"), help="cues by fact text (SQLite)")
-    cues_per_fact_option(p)
-
-
-def cues_per_fact_option(p: argparse.ArgumentParser) -> None:
+def cue_options(p: argparse.ArgumentParser) -> None:
+    """``--cue-cache`` and ``--cues-per-fact``: what :func:`cue_writer` reads (ingest, cues build, eval)."""
     from .cues import DEFAULT_CUES, MAX_CUES, MIN_CUES
 
+    p.add_argument("--cue-cache", type=Path, default=Path(".pgr-cache/cues.sqlite3"), help="cues by fact text (SQLite)")
     p.add_argument(
         "--cues-per-fact",
         type=int,
@@ -455,7 +453,7 @@ def register(sub: Any) -> None:
     ing.add_argument(
         "--cues", action="store_true", help="write cues for each session's facts (one LLM call per session)"
     )
-    _cue_cache_option(ing)
+    cue_options(ing)
     _merge_options(ing)
     _lock_option(ing)
     _llm_options(ing)
@@ -478,7 +476,7 @@ def register(sub: Any) -> None:
     cue.add_argument("--user", action="append", default=[], help="only this user (repeatable; default: all)")
     cue.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     cue.add_argument("--json", action="store_true")
-    _cue_cache_option(cue)
+    cue_options(cue)
     _lock_option(cue)
     _llm_options(cue)
     cue.set_defaults(func=cmd_cues)

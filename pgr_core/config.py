@@ -150,12 +150,10 @@ class PGRConfig:
             raise InvalidArgumentError(f"neighbour_decay must be None or a number in (0, 1], got {g!r}")
         if self.ranking not in RANKINGS:
             raise InvalidArgumentError(f"ranking must be one of {', '.join(map(repr, RANKINGS))}, got {self.ranking!r}")
-        q = self.query_share
-        if isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 <= q <= 1.0:
-            raise InvalidArgumentError(f"query_share must be a number in [0, 1], got {q!r}")
-        m = self.step_margin
-        if isinstance(m, bool) or not isinstance(m, int | float) or not 0.0 <= m <= 1.0:
-            raise InvalidArgumentError(f"step_margin must be a number in [0, 1], got {m!r}")
+        for name in ("query_share", "step_margin"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+                raise InvalidArgumentError(f"{name} must be a number in [0, 1], got {value!r}")
         t = self.answer_context_tokens
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise InvalidArgumentError(f"answer_context_tokens must be an integer >= 1, got {t!r}")

@@ -34,7 +34,7 @@ anchor's pool's slots, whatever the anchor's rank.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .trace import FoundFact, Probe
@@ -109,18 +109,39 @@ def _query_pool(found: Mapping[str, FoundFact], probes: Sequence[Probe]) -> list
                 if fid in found:
                     query_rank[fid] = min(query_rank.get(fid, rank), rank)
         return sorted(query_rank, key=lambda fid: query_rank[fid])
-    best: dict[str, tuple[float, int, int]] = {}  # fact id -> (-score, which probe, rank): smallest wins
-    for probe in probes:
-        scores = dict(probe.hits)
-        which = texts.index(probe.text)
-        last = math.inf
-        for rank, fid in enumerate(_ranked_ids(probe)):
-            # a window neighbour has no score of its own: it keeps its place just below the hit before it
-            last = scores.get(fid, last)
-            key = (-last, which, rank)
-            if fid in found and (fid not in best or key < best[fid]):
-                best[fid] = key
-    return sorted(best, key=lambda fid: best[fid])
+    # each fact at its least (-score, which probe, rank) over the two lists
+    keys = ((fid, (-score, texts.index(pr.text), rank)) for pr in probes for rank, fid, score in _scored_ids(pr))
+    return _best_first(found, keys)
+
+
+def _scored_ids(probe: Probe) -> Iterator[tuple[int, str, float]]:
+    """A probe's list as ranked, each fact with its score: a window neighbour has no score of its own,
+    so it takes the score of the hit before it (it keeps its place just below that hit)."""
+    scores = dict(probe.hits)
+    last = math.inf
+    for rank, fid in enumerate(_ranked_ids(probe)):
+        last = scores.get(fid, last)
+        yield rank, fid, last
+
+
+def _best_first(found: Mapping[str, FoundFact], keys: Iterable[tuple[str, tuple[float, int, int]]]) -> list[str]:
+    """The ids of ``found`` among ``keys``, each at its least key, least first."""
+    best: dict[str, tuple[float, int, int]] = {}
+    for fid, key in keys:
+        if fid in found and (fid not in best or key < best[fid]):
+            best[fid] = key
+    return sorted(best, key=best.__getitem__)
+
+
+def _led_by(ids: Iterable[str], neighbours: Mapping[str, Sequence[str]], found: Mapping[str, FoundFact]) -> list[str]:
+    """``ids`` in order, each followed by the window neighbours that ride with it; each fact of
+    ``found`` once."""
+    out: dict[str, None] = {}
+    for fid in ids:
+        for item in (fid, *neighbours.get(fid, ())):
+            if item in found:
+                out.setdefault(item)
+    return list(out)
 
 
 def _pools(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> _Pools:
@@ -222,27 +243,17 @@ def scored_order(found: Mapping[str, FoundFact], probes: Iterable[Probe], step_m
     ['a', 'b', 'c', 'd']
     """
     probes = list(probes)
-    best: dict[str, tuple[float, int, int]] = {}  # fact id -> (-score, 0 the request / 1 other, rank): least wins
-    for probe in probes:
-        side = 0 if probe.source == "query" else 1
-        handicap = step_margin if side else 0.0
-        scores = dict(probe.hits)
-        last = math.inf
-        for rank, fid in enumerate(_ranked_ids(probe)):
-            last = scores.get(fid, last)  # a neighbour in the probe's earned order: just below the hit before it
-            key = (-(last - handicap), side, rank)
-            if fid in found and (fid not in best or key < best[fid]):
-                best[fid] = key
+
+    def keyed(probe: Probe) -> Iterator[tuple[str, tuple[float, int, int]]]:
+        side = int(probe.source != "query")  # 0: the request's own list; 1: any other (q_A, the steps)
+        for rank, fid, score in _scored_ids(probe):
+            yield fid, (-(score - step_margin * side), side, rank)
+
+    keys = (key for probe in probes for key in keyed(probe))
     neighbours = {} if any(pr.order for pr in probes) else _neighbours(found)
-    out: list[str] = []
-    placed: set[str] = set()
-    for fid in sorted(best, key=lambda f: best[f]):
-        for item in (fid, *neighbours.get(fid, ())):
-            if item not in placed:
-                placed.add(item)
-                out.append(item)
-    rest = [f for f in fused_order(found) if f.id not in placed]
-    return [found[i] for i in out] + rest
+    out = _led_by(_best_first(found, keys), neighbours, found)
+    placed = set(out)
+    return [found[i] for i in out] + [f for f in fused_order(found) if f.id not in placed]
 
 
 @dataclass
@@ -292,11 +303,6 @@ def llm_order(
 ) -> list[FoundFact]:
     """The chosen facts first (each with its window neighbours), then the shared order."""
     shared = shared_order(found, probes, query_share)
-    neighbours = _neighbours(found)
-    out: list[str] = []
-    for fid in chosen:
-        for item in (fid, *neighbours.get(fid, ())):
-            if item in found and item not in out:
-                out.append(item)
+    out = _led_by(chosen, _neighbours(found), found)
     first = set(out)
     return [found[i] for i in out] + [f for f in shared if f.id not in first]

@@ -88,6 +88,11 @@ def _spy(obj, name: str) -> list[tuple]:
 
 def _snapshot(client: QdrantClient, collection: str) -> list[tuple]:
     records, _ = client.scroll(collection, limit=10_000, with_payload=True, with_vectors=True)
+    return _rows(records)
+
+
+def _rows(records: list[qm.Record]) -> list[tuple]:
+    """Scrolled points as comparable rows: id, payload and vector, each as text."""
     return [(str(r.id), json.dumps(r.payload, sort_keys=True), json.dumps(r.vector, sort_keys=True)) for r in records]
 
 
@@ -1357,9 +1362,7 @@ def test_build_backfills_cues_over_a_collection_its_application_filled_and_leave
         after = _snapshot(client, "memories")
     else:
         records, _ = asyncio.run(client.scroll("memories", limit=100, with_payload=True, with_vectors=True))
-        after = [
-            (str(r.id), json.dumps(r.payload, sort_keys=True), json.dumps(r.vector, sort_keys=True)) for r in records
-        ]
+        after = _rows(records)
     _assert_untouched(after, before)
 
 
