@@ -388,7 +388,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
             return 2
     options: dict[str, Any] = {}
     if args.dataset == "prefeval":
-        options = {"kind": args.prefeval_kind, "fillers": args.fillers, "per_topic": args.per_topic}
+        options = {
+            "kind": args.prefeval_kind,
+            "fillers": args.fillers,
+            "per_topic": args.per_topic,
+            "filler_pool": args.filler_pool,
+        }
     data = load_set(args.dataset, args.data, **options).select(limit=args.limit, every=args.every, users=args.user)
     if not data.questions:
         _say("pgr: error: no questions with gold evidence or references in that selection")
@@ -646,6 +651,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--prefeval-kind", choices=["explicit", "choice-based", "persona-driven"], default="explicit")
     ev.add_argument("--fillers", type=nonnegative_int, default=5, help="PrefEval: filler conversations per history")
     ev.add_argument("--per-topic", type=positive_int, default=None, help="PrefEval: first N preferences of each topic")
+    ev.add_argument(
+        "--filler-pool",
+        type=positive_int,
+        default=None,
+        help="PrefEval: draw each history's fillers from the first N of the 24 filler conversations (default all)",
+    )
     add_llm_options(ev, no_llm=True)
     ev.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
     ev.set_defaults(func=cmd_eval)

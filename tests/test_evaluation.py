@@ -229,6 +229,22 @@ def test_prefeval_builds_one_history_per_preference() -> None:
         load_prefeval(SHARED / "prefeval", fillers=99)
 
 
+@pytest.mark.skipif(not (SHARED / "prefeval").exists(), reason="PrefEval not found at ../shared/data/prefeval")
+def test_prefeval_filler_pool_draws_from_the_first_n_conversations() -> None:
+    whole = load_prefeval(SHARED / "prefeval", fillers=2, per_topic=2)
+    pooled = load_prefeval(SHARED / "prefeval", fillers=2, per_topic=2, filler_pool=3)
+    first_turns = {  # the opening turn of each filler conversation, as the loader writes it
+        f.text for f in whole.facts if f.position == 0 and not f.session_id.endswith(":S0")
+    }
+    pooled_openings = {f.text for f in pooled.facts if f.position == 0 and not f.session_id.endswith(":S0")}
+    assert len(pooled_openings) == 3 and len(first_turns) > 3  # only three conversations serve the 40 draws
+    assert all(len({f.session_id for f in pooled.facts if f.scope == q.scope}) == 3 for q in pooled.questions)
+    assert "first 3" in pooled.notes[0]
+    for bad in (1, 25):  # fewer than the fillers each history needs, more than there are
+        with pytest.raises(InvalidArgumentError, match="filler_pool"):
+            load_prefeval(SHARED / "prefeval", fillers=2, filler_pool=bad)
+
+
 def test_prefeval_missing_folder_says_what_to_pass(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="explicit_preference"):
         load_prefeval(tmp_path)

@@ -118,19 +118,29 @@ def load_prefeval(
     fillers: int = 5,
     per_topic: int | None = None,
     seed: int = 0,
+    filler_pool: int | None = None,
 ) -> EvalSet:
     """PrefEval as retrieval: one user per preference (``user_id = "prefeval:<topic>:<i>"``).
 
     History: session 0 is the preference (explicit: one user turn stating it; implicit: its
     conversation), sessions 1..``fillers`` are filler conversations drawn with ``seed`` from the 24
     unrelated ones, and the question follows. Every turn is one fact. ``per_topic`` keeps the first N
-    preferences of each of the 20 topics (the category in the breakdowns).
+    preferences of each of the 20 topics (the category in the breakdowns). ``filler_pool`` draws the
+    fillers from the first N of the 24 conversations instead (each history still holds ``fillers`` of
+    them): a cheaper set where writing anything per distinct turn (cues) costs a fraction of the whole.
     """
     root = prefeval_root(path)
     if fillers < 0:
         raise InvalidArgumentError("fillers must be >= 0")
     inter = json.loads((root / "filtered_inter_turns.json").read_text(encoding="utf-8"))
     filler_convs = [c["conversation"] for c in inter]
+    if filler_pool is not None:
+        if not fillers <= filler_pool <= len(filler_convs):
+            raise InvalidArgumentError(
+                f"filler_pool must be between fillers ({fillers}) and {len(filler_convs)}"
+                " (the filler conversations there are)"
+            )
+        filler_convs = filler_convs[:filler_pool]
     if fillers > len(filler_convs):
         raise InvalidArgumentError(f"fillers must be at most {len(filler_convs)} (the filler conversations there are)")
     folder = root / ("explicit_preference" if kind == "explicit" else f"implicit_preference/{kind}")
@@ -180,7 +190,8 @@ def load_prefeval(
                     category=topic,
                 )
             )
-    notes = [f"PrefEval {kind}, {fillers} filler conversations per user, seed {seed}"]
+    pool = "" if filler_pool is None else f" drawn from the first {filler_pool}"
+    notes = [f"PrefEval {kind}, {fillers} filler conversations per user{pool}, seed {seed}"]
     return EvalSet(f"prefeval-{kind}", facts, questions, notes)
 
 
@@ -288,7 +299,7 @@ def load_jsonl(path: str | Path, *, name: str = "memoryquest") -> EvalSet:
 
 
 def load_set(name: str, path: str | Path, **options: Any) -> EvalSet:
-    """``locomo``, ``prefeval`` (options: kind, fillers, per_topic, seed), ``memoryquest`` or ``jsonl``."""
+    """``locomo``, ``prefeval`` (options: kind, fillers, per_topic, seed, filler_pool), ``memoryquest`` or ``jsonl``."""
     if name == "locomo":
         return load_locomo_set(path)
     if name == "prefeval":
