@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pgr_core.cli import dataset_options
 from pgr_core.evaluation import load_set
 
 CUTS = (1, 3, 5, 10, 20)
@@ -55,15 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--filler-pool", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    options: dict[str, Any] = {}
-    if args.dataset == "prefeval":
-        options = {
-            "kind": args.prefeval_kind,
-            "fillers": args.fillers,
-            "per_topic": args.per_topic,
-            "filler_pool": args.filler_pool,
-        }
-    data = load_set(args.dataset, args.data, **options)
+    data = load_set(args.dataset, args.data, **dataset_options(args))
     gold = {q.id: list(q.gold) for q in data.questions}
     wanted = None if args.methods is None else {m.strip() for m in args.methods.split(",") if m.strip()}
     out: dict[str, dict[str, Any]] = {}

@@ -372,6 +372,18 @@ def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def dataset_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The loader options ``pgr eval``'s flags name for ``args.dataset`` (PrefEval's; none elsewhere)."""
+    if args.dataset != "prefeval":
+        return {}
+    return {
+        "kind": args.prefeval_kind,
+        "fillers": args.fillers,
+        "per_topic": args.per_topic,
+        "filler_pool": args.filler_pool,
+    }
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Compare retrieval methods on a data set; write JSON, Markdown and a PNG chart."""
     from .evaluation import load_set, markdown, summarise, write_report
@@ -386,15 +398,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if pair.count(":") != 1 or not set(pair.split(":")) <= set(methods):
             _say(f"pgr: error: --win-rate {pair!r}: write A:B with A and B among --methods")
             return 2
-    options: dict[str, Any] = {}
-    if args.dataset == "prefeval":
-        options = {
-            "kind": args.prefeval_kind,
-            "fillers": args.fillers,
-            "per_topic": args.per_topic,
-            "filler_pool": args.filler_pool,
-        }
-    data = load_set(args.dataset, args.data, **options).select(limit=args.limit, every=args.every, users=args.user)
+    data = load_set(args.dataset, args.data, **dataset_options(args)).select(
+        limit=args.limit, every=args.every, users=args.user
+    )
     if not data.questions:
         _say("pgr: error: no questions with gold evidence or references in that selection")
         return 2
