@@ -2,7 +2,7 @@
 the cues come from a cue cache a build filled (``pgr eval --cues`` or ``pgr cues build``).
 
     python benchmarks/cue_weights.py --data ../shared/data/mq-lite/dev-facts.jsonl \
-        --cue-cache .pgr-cache/cues.sqlite3 --model qwen [--weights 0.7,0.8,0.9,1.0] [--json out.json]
+        --cue-cache .pgr-cache/cues.sqlite3 --model qwen [--weights 0.7,0.8,0.9,1.0] [--user U] [--json out.json]
 
 For each question, the question alone is searched (K = 20, τ = 0.3, as ``pgr eval``'s query-only) in the
 plain store and through ``Anticipating`` at each weight (a fact scores max(own, weight x best cue)), and
@@ -79,9 +79,10 @@ def main() -> int:
     p.add_argument("--vector-cache", type=Path, default=Path(".pgr-cache/vectors"))
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--edge", action="store_true", help="also time EdgeStore with and without its cue index")
+    p.add_argument("--user", action="append", default=None, help="only this user's facts and questions (repeatable)")
     args = p.parse_args()
     ks = [int(k) for k in args.k.split(",")]
-    data = load_set(args.kind, args.data)
+    data = load_set(args.kind, args.data).select(users=args.user)
     questions = [q for q in data.questions if q.gold]
     from pgr_core import MiniLMEmbedder
 
