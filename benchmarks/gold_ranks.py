@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pgr_core.cli import dataset_options
+from pgr_core.cli import dataset_arguments, dataset_options
 from pgr_core.evaluation import load_set
 
 CUTS = (1, 3, 5, 10, 20)
@@ -50,10 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--records", type=Path, nargs="+", required=True, help="pgr eval records files (*.records.jsonl)")
     ap.add_argument("--methods", default=None, help="comma-separated; default every method in the files")
-    ap.add_argument("--prefeval-kind", choices=["explicit", "choice-based", "persona-driven"], default="explicit")
-    ap.add_argument("--fillers", type=int, default=5)
-    ap.add_argument("--per-topic", type=int, default=None)
-    ap.add_argument("--filler-pool", type=int, default=None)
+    dataset_arguments(ap)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     data = load_set(args.dataset, args.data, **dataset_options(args))

@@ -372,6 +372,19 @@ def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def dataset_arguments(p: argparse.ArgumentParser) -> None:
+    """PrefEval's loader flags, which :func:`dataset_options` reads (``pgr eval``, benchmark scripts)."""
+    p.add_argument("--prefeval-kind", choices=["explicit", "choice-based", "persona-driven"], default="explicit")
+    p.add_argument("--fillers", type=nonnegative_int, default=5, help="PrefEval: filler conversations per history")
+    p.add_argument("--per-topic", type=positive_int, default=None, help="PrefEval: first N preferences of each topic")
+    p.add_argument(
+        "--filler-pool",
+        type=positive_int,
+        default=None,
+        help="PrefEval: draw each history's fillers from the first N of the 24 filler conversations (default all)",
+    )
+
+
 def dataset_options(args: argparse.Namespace) -> dict[str, Any]:
     """The loader options ``pgr eval``'s flags name for ``args.dataset`` (PrefEval's; none elsewhere)."""
     if args.dataset != "prefeval":
@@ -654,15 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="ask again about facts the cue cache records as failed (a call of their own at temperature 0.7); "
         "by default an eval reuses that verdict",
     )
-    ev.add_argument("--prefeval-kind", choices=["explicit", "choice-based", "persona-driven"], default="explicit")
-    ev.add_argument("--fillers", type=nonnegative_int, default=5, help="PrefEval: filler conversations per history")
-    ev.add_argument("--per-topic", type=positive_int, default=None, help="PrefEval: first N preferences of each topic")
-    ev.add_argument(
-        "--filler-pool",
-        type=positive_int,
-        default=None,
-        help="PrefEval: draw each history's fillers from the first N of the 24 filler conversations (default all)",
-    )
+    dataset_arguments(ev)
     add_llm_options(ev, no_llm=True)
     ev.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
     ev.set_defaults(func=cmd_eval)
