@@ -6,6 +6,7 @@ build``), the vectors from the vector cache.
         --cue-cache .pgr-cache/cues.sqlite3 --model qwen [--vector-cache .pgr-cache/vectors] [--json out.json]
     python benchmarks/cue_scoring.py --set locomo --data ../shared/data/locomo --user conv-30 --cue-cache ...
     python benchmarks/cue_scoring.py ... --max-cues 1     # each fact's first cue only
+    python benchmarks/cue_scoring.py ... --writer "qwen|cues-3c11e68363c3|4"   # an earlier prompt's build
 
 For each question with gold, every fact of its user is scored against the question alone (MiniLM
 cosines, no floor, so the figures are those of query-only at K = 20 and of ``Anticipating``'s rule),
@@ -23,7 +24,9 @@ ranked, and recall@10 / recall@20 averaged. The rules:
   text less its cosine to the mean of its user's fact vectors, a cue less its cosine to the mean of its
   user's cue vectors; ``max(own, w*best), centred`` is ``Anticipating``'s rule over centred scores.
 
-A fact the cache has no cues for is scored by its text alone in every rule. ``--max-cues N`` keeps
+A fact the cache has no cues for is scored by its text alone in every rule. It also counts the cue sets
+that read as another fact's: the mean of a fact's cue vectors closer to another fact of its session
+than to its own (the cue writer asks about a whole session at once). ``--max-cues N`` keeps
 each fact's first N cues: what asking for fewer would give, if the model writes its best first.
 """
 
@@ -66,13 +69,19 @@ def main() -> int:
         "--max-cues", type=int, default=None, help="keep only each fact's first N cues (what fewer cues would give)"
     )
     p.add_argument("--cues-per-fact", type=int, default=DEFAULT_CUES, help="the build to read: cues asked per fact")
+    p.add_argument(
+        "--writer",
+        default=None,
+        help="the cache key to read cues under, as CueWriter.identity (model|cues-<prompt digest>|count): "
+        "a build by an earlier prompt (default: this prompt's, from --model and --cues-per-fact)",
+    )
     args = p.parse_args()
     data = load_set(args.set, args.data)
     if args.user:
         data = data.select(users=args.user)
     embedder = disk_cached_embedder(MiniLMEmbedder(), args.vector_cache)
     got = CueCache(args.cue_cache).get_many(
-        CueWriter.identity_for(args.model, args.cues_per_fact), [f.text for f in data.facts]
+        args.writer or CueWriter.identity_for(args.model, args.cues_per_fact), [f.text for f in data.facts]
     )
     facts = data.facts
     cues = [list(got.get(f.text, ()))[: args.max_cues] for f in facts]
@@ -135,6 +144,22 @@ def main() -> int:
             "own + 0.5*best, centred": own_c + 0.5 * best_c,
         }
 
+    # how often a fact's cues read as another fact's: the mean of its cue vectors closer to another fact
+    # of its session than to its own (a small model asked about a session at once mixes them up)
+    sessions: dict[tuple[object, str], list[int]] = {}
+    for i, f in enumerate(facts):
+        sessions.setdefault((f.scope, str(f.session_id or "")), []).append(i)
+    closer_elsewhere = judged = 0
+    for members in sessions.values():
+        if len(members) < 2:
+            continue
+        for i in (m for m in members if cues[m]):
+            centre = _unit(np.mean([cue_v[c] for c in cues[i]], 0))
+            sims = {j: float(own_v[j] @ centre) for j in members}
+            judged += 1
+            closer_elsewhere += max(sims, key=lambda j: sims[j]) != i
+    print(f"cue sets closer to another fact of their session than to their own: {closer_elsewhere} of {judged}")
+
     questions = [q for q in data.questions if q.gold]
     vectors = _unit(np.asarray(embedder.embed([q.question for q in questions]), dtype=np.float32))
     out: dict[str, dict[int, list[float]]] = {}
@@ -150,7 +175,9 @@ def main() -> int:
         print(f"| {name} | {table(name, 10):.3f} | {table(name, 20):.3f} |")
     if args.json:
         rows = {name: {f"recall@{k}": table(name, k) for k in (10, 20)} for name in out}
-        args.json.write_text(json.dumps({"data": str(args.data), "questions": len(questions), "rules": rows}, indent=1))
+        alignment = {"cue_sets_in_shared_sessions": judged, "closer_to_another_fact": closer_elsewhere}
+        report = {"data": str(args.data), "questions": len(questions), "alignment": alignment, "rules": rows}
+        args.json.write_text(json.dumps(report, indent=1))
     return 0
 
 
