@@ -88,8 +88,7 @@ def cue_ids(fact_id: str, count: int = MAX_CUES * 3) -> list[str]:
 @dataclass
 class CueBuildReport:
     """What a cue build did: facts that got cues (asked or cached), facts already cued, facts left
-    without (retried next build), cue sets the model filed under a neighbour's id and their ``about``
-    put right, LLM calls and tokens, and per-session seconds."""
+    without (retried next build), LLM calls and tokens, and per-session seconds."""
 
     facts: int = 0
     cued: int = 0
@@ -101,7 +100,6 @@ class CueBuildReport:
     calls: int = 0
     tokens: int = 0
     cues: int = 0
-    moved: int = 0  # cue sets filed under another fact's id that their "about" put right
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -115,13 +113,12 @@ class CueBuildReport:
         self.calls += batch.calls
         self.tokens += batch.tokens
         self.cues += sum(len(c) for c in batch.cues.values())
-        self.moved += len(batch.moved)
         self.seconds += sum(c.seconds for c in batch.completions)
         self.errors.extend(batch.errors[:3])
 
     def merge(self, other: CueBuildReport) -> None:
         names = ("facts", "cued", "cached", "already", "missing", "sessions", "asked_sessions", "calls", "tokens")
-        for name in (*names, "cues", "moved", "seconds"):
+        for name in (*names, "cues", "seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.errors.extend(other.errors[:3])
 
@@ -138,7 +135,6 @@ class CueBuildReport:
             "llm_calls": self.calls,
             "tokens": self.tokens,
             "cues": self.cues,
-            "moved_to_their_fact": self.moved,
             "calls_per_fact": round(self.calls / asked, 4) if asked else 0.0,
             "tokens_per_fact": round(self.tokens / asked, 1) if asked else 0.0,
             "seconds_per_session": round(self.seconds / self.asked_sessions, 2) if self.asked_sessions else 0.0,

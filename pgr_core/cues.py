@@ -38,7 +38,6 @@ __all__ = [
     "CueCache",
     "CueWriter",
     "check_cues",
-    "owner_of",
 ]
 
 CUE_SCHEMA: Mapping[str, Any] = {
@@ -50,11 +49,7 @@ CUE_SCHEMA: Mapping[str, Any] = {
             "items": {
                 "type": "object",
                 "required": ["id", "cues"],
-                "properties": {
-                    "id": {"type": "string"},
-                    "about": {"type": "string"},
-                    "cues": {"type": "array", "items": {"type": "string"}},
-                },
+                "properties": {"id": {"type": "string"}, "cues": {"type": "array", "items": {"type": "string"}}},
             },
         }
     },
@@ -130,24 +125,6 @@ def check_cues(
     return kept, refused
 
 
-def owner_of(item: Mapping[str, Any], pending: Mapping[str, Fact]) -> str | None:
-    """The handle of the fact a reply item's cues are for: the one its ``about`` names.
-
-    A small model asked about several facts at once often files one fact's cues under its neighbour's
-    id. Each item first names its fact in a few of the fact's own words (``about``); the item goes to
-    the pending fact whose content words those share most, when that is not the fact its id names
-    (which keeps every tie, and an ``about`` that names no fact). ``None``: the id is unknown."""
-    named = str(item.get("id") or "").strip().upper()
-    about = _content_words(str(item.get("about") or ""))
-    if not about:
-        return named if named in pending else None
-    overlap = {h: len(about & _content_words(f.text)) for h, f in pending.items()}
-    best = max(overlap, key=lambda h: overlap[h], default=None)
-    if best is not None and overlap[best] > overlap.get(named, 0):
-        return best
-    return named if named in pending else None
-
-
 @dataclass
 class CueBatch:
     """What one :meth:`CueWriter.write` produced: cues by fact id, the facts left without cues, why
@@ -161,7 +138,6 @@ class CueBatch:
     errors: list[str] = field(default_factory=list)
     transient: list[str] = field(default_factory=list)  # missing because the call failed, not the reply
     skipped: int = 0  # missing because the cache records an earlier unusable reply (retry_failed=False)
-    moved: list[str] = field(default_factory=list)  # "F3 -> F2": cues filed under one id, named another fact
 
     @property
     def calls(self) -> int:
@@ -180,7 +156,6 @@ class CueBatch:
         self.errors.extend(other.errors)
         self.transient.extend(other.transient)
         self.skipped += other.skipped
-        self.moved.extend(other.moved)
 
 
 class CueCache:
@@ -296,7 +271,7 @@ class CueWriter:
 
     def _max_tokens(self, facts: int) -> int:
         """The reply's ceiling: ``max_tokens`` when given, else room for every fact's cues."""
-        return self.max_tokens or min(4096, 150 + (40 * self.cues_per_fact + 12) * facts)
+        return self.max_tokens or min(4096, 150 + 40 * self.cues_per_fact * facts)
 
     def messages(self, facts: Sequence[Fact]) -> list[dict[str, str]]:
         lines = [f"F{i}: {quoted(f.text, _MAX_FACT_CHARS)}" for i, f in enumerate(facts, 1)]
@@ -382,13 +357,10 @@ class CueWriter:
             return str(exc)
         short: list[str] = []
         for item in items:
-            handle = owner_of(item, pending)
-            if handle is None:
-                continue  # an unknown or already answered id, and an "about" that names no pending fact
-            named = str(item.get("id") or "").strip().upper()
-            if handle != named:
-                batch.moved.append(f"{named} -> {handle}")
-            fact = pending[handle]
+            handle = str(item.get("id") or "").strip().upper()
+            fact = pending.get(handle)
+            if fact is None:
+                continue  # an unknown or already answered id
             kept, refused = check_cues(item.get("cues"), fact.text, avoid=self._example)
             batch.refused.extend(f"{handle} {r}" for r in refused)
             if len(kept) >= MIN_CUES:

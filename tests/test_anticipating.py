@@ -13,7 +13,7 @@ from loopback_llm import LoopbackLLM, ok, sane
 from pgr_core import PGR, Anticipating, CueCache, CueWriter, EdgeStore, Fact, HashingEmbedder, InMemoryStore, Scope
 from pgr_core.anticipating import cue_ids, cue_path_for
 from pgr_core.cli import main
-from pgr_core.cues import MAX_CUE_WORDS, RETRY_TEMPERATURE, check_cues, owner_of
+from pgr_core.cues import MAX_CUE_WORDS, RETRY_TEMPERATURE, check_cues
 from pgr_core.embedders import unit_rows
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, LLMTimeoutError
 from pgr_core.prospectors import quoted
@@ -88,41 +88,6 @@ def test_an_unusable_reply_gets_one_repair_then_the_fact_is_left_without_cues() 
     batch = CueWriter(llm).write(facts()[:2])
     assert len(llm.calls) == 2 and "could not be used" in llm.calls[1].messages[-1]["content"]
     assert set(batch.cues) == {"knee"} and batch.missing == ["car"]
-
-
-def test_cues_filed_under_a_neighbours_id_go_to_the_fact_their_about_names() -> None:
-    # the model wrote the car's cues under F1 and the knee's under F2; its "about" names each fact
-    llm = ScriptedLLM(
-        [
-            {
-                "cues": [
-                    {"id": "F1", "about": "sold car", "cues": CUES[CAR]},
-                    {"id": "F2", "about": "knee surgery", "cues": CUES[KNEE]},
-                    {"id": "F3", "about": "something else entirely", "cues": CUES[PIZZA]},
-                ]
-            }
-        ]
-    )
-    batch = CueWriter(llm).write(facts())
-    assert batch.cues == {"car": tuple(CUES[CAR]), "knee": tuple(CUES[KNEE]), "pizza": tuple(CUES[PIZZA])}
-    assert batch.moved == ["F1 -> F2", "F2 -> F1"] and len(llm.calls) == 1
-    swapped = [{"id": "F1", "about": "car", "cues": CUES[CAR]}, {"id": "F2", "about": "knee", "cues": CUES[KNEE]}]
-    wrapped = Anticipating(InMemoryStore(embedder=HashingEmbedder()), scoring="max")
-    wrapped.add_facts(facts()[:2])
-    report = wrapped.build(CueWriter(ScriptedLLM([{"cues": swapped}])), scope=U1).to_dict()
-    assert (report["cued"], report["moved_to_their_fact"]) == (2, 2)
-    hits = wrapped.search_batch([CUES[KNEE][0]], scope=U1, params=params(top_k=1))[0]
-    assert hits[0].fact.id == "knee" and hits[0].cue == CUES[KNEE][0]
-
-
-def test_owner_of_keeps_the_named_id_on_a_tie_or_an_about_that_names_no_fact() -> None:
-    pending = {"F1": Fact(id="a", text=KNEE, scope=U1), "F2": Fact(id="b", text=CAR, scope=U1)}
-    assert owner_of({"id": "F1", "about": "knee"}, pending) == "F1"
-    assert owner_of({"id": "f2", "about": "nothing we know"}, pending) == "F2"  # ids read case-blind
-    assert owner_of({"id": "F2", "cues": []}, pending) == "F2"  # no about: the id decides
-    assert owner_of({"id": "F1", "about": "the car they sold"}, pending) == "F2"
-    assert owner_of({"id": "F9", "about": "nothing"}, pending) is None
-    assert owner_of({"id": "F9", "about": "knee surgery"}, pending) == "F1"
 
 
 def test_a_hung_model_leaves_facts_for_the_next_build_and_never_raises() -> None:
@@ -496,7 +461,7 @@ def test_pgr_eval_cues_finds_the_cued_reference_and_reuses_the_cache(
             main([*common, *cache, *llm, "--cues", "--cues-per-fact", "2", "--json", str(tmp_path / "two.json")]) == 0
         )
         asked = [b["messages"][-1]["content"] for b in server.bodies()[first:]]
-        assert len(asked) == 3 and all("then its\n2 cues" in a for a in asked)
+        assert len(asked) == 3 and all("Write 2 cues for every fact" in a for a in asked)
     capsys.readouterr()
     assert plain["methods"]["query-only"]["recall_at"]["10"] == 0.0  # 20 fillers are closer to the words
     assert cued["methods"]["query-only"]["recall_at"]["10"] == 1.0
@@ -510,7 +475,7 @@ def test_the_worked_example_shows_as_many_cues_as_asked() -> None:
         example, reply = writer.messages([Fact(id="p", text=PIZZA, scope=U1)])[:2]
         shown = json.loads(reply["content"])["cues"]
         assert len(shown) == 4 and all(len(item["cues"]) == count for item in shown)
-        assert f"then its\n{count} cues" in example["content"] and all(item["about"] for item in shown)
+        assert f"Write {count} cues for every fact" in example["content"]
 
 
 def test_pgr_eval_cue_retry_asks_again_about_facts_whose_cues_failed(
