@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from pgr_core import CueCache, CueWriter, MiniLMEmbedder
+from pgr_core.anticipating import _session_of as session_of
 from pgr_core.cues import DEFAULT_CUES
 from pgr_core.evaluation import load_set
 from pgr_core.evaluation.cache import disk_cached_embedder
@@ -146,18 +147,15 @@ def main() -> int:
 
     # how often a fact's cues read as another fact's: the mean of its cue vectors closer to another fact
     # of its session than to its own (a small model asked about a session at once mixes them up)
+    # (sessions grouped as a cue build groups them; a cued fact's cue centroid is centroid_v's row)
     sessions: dict[tuple[object, str], list[int]] = {}
     for i, f in enumerate(facts):
-        sessions.setdefault((f.scope, str(f.session_id or "")), []).append(i)
+        sessions.setdefault((f.scope, session_of(f)), []).append(i)
     closer_elsewhere = judged = 0
-    for members in sessions.values():
-        if len(members) < 2:
-            continue
+    for members in (m for m in sessions.values() if len(m) > 1):
         for i in (m for m in members if cues[m]):
-            centre = _unit(np.mean([cue_v[c] for c in cues[i]], 0))
-            sims = {j: float(own_v[j] @ centre) for j in members}
             judged += 1
-            closer_elsewhere += max(sims, key=lambda j: sims[j]) != i
+            closer_elsewhere += members[int(np.argmax(own_v[members] @ centroid_v[i]))] != i
     print(f"cue sets closer to another fact of their session than to their own: {closer_elsewhere} of {judged}")
 
     questions = [q for q in data.questions if q.gold]
