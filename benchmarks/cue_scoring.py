@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from pgr_core import CueCache, CueWriter, MiniLMEmbedder
-from pgr_core.anticipating import _session_of as session_of
+from pgr_core.cue_trust import alignment, session_of
 from pgr_core.cues import DEFAULT_CUES
 from pgr_core.evaluation import load_set
 from pgr_core.evaluation.cache import disk_cached_embedder
@@ -140,7 +140,8 @@ def main() -> int:
             "max(own, 0.9*best), the cues' excess typicality taken off": np.maximum(own, 0.9 * best_s),
             "max(own, 1.0*best), the cues' excess typicality taken off": np.maximum(own, best_s),
             "max(own, 1.0*best), centred": np.maximum(own_c, best_c),
-            "own + best, centred (Anticipating, scoring=centred)": own_c + best_c,
+            "own + best, centred (Anticipating, cue_trust=False)": own_c + best_c,
+            "own + trust*best, centred (Anticipating, the default)": own_c + trust[facts[idx[0]].scope] * best_c,
             "own + 0.75*best, centred": own_c + 0.75 * best_c,
             "own + 0.5*best, centred": own_c + 0.5 * best_c,
         }
@@ -157,7 +158,17 @@ def main() -> int:
             judged += 1
             closer_elsewhere += members[int(np.argmax(own_v[members] @ centroid_v[i]))] != i
     print(f"cue sets closer to another fact of their session than to their own: {closer_elsewhere} of {judged}")
-
+    # each user's cue trust, as Anticipating judges it (pgr_core.cue_trust): the weight of the cue term
+    trust: dict[object, float] = {}
+    aligned_by_scope: dict[str, dict[str, object]] = {}
+    for scope in centres:
+        members_of = [m for (s, key), m in sessions.items() if s == scope and key]
+        found = alignment(
+            own_v, members_of, {i: np.stack([cue_v[c] for c in cues[i]]) for i in range(len(facts)) if cues[i]}
+        )
+        trust[scope] = found.trust
+        aligned_by_scope[str(scope)] = found.to_dict()
+        print(f"  {scope}: {found.to_dict()}")
     questions = [q for q in data.questions if q.gold]
     vectors = _unit(np.asarray(embedder.embed([q.question for q in questions]), dtype=np.float32))
     out: dict[str, dict[int, list[float]]] = {}
@@ -173,8 +184,14 @@ def main() -> int:
         print(f"| {name} | {table(name, 10):.3f} | {table(name, 20):.3f} |")
     if args.json:
         rows = {name: {f"recall@{k}": table(name, k) for k in (10, 20)} for name in out}
-        alignment = {"cue_sets_in_shared_sessions": judged, "closer_to_another_fact": closer_elsewhere}
-        report = {"data": str(args.data), "questions": len(questions), "alignment": alignment, "rules": rows}
+        aligned = {"cue_sets_in_shared_sessions": judged, "closer_to_another_fact": closer_elsewhere}
+        report = {
+            "data": str(args.data),
+            "questions": len(questions),
+            "alignment": aligned,
+            "trust": aligned_by_scope,
+            "rules": rows,
+        }
         args.json.write_text(json.dumps(report, indent=1))
     return 0
 

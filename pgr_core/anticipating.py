@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .centring import MemoryCentre, centrable, hit_texts
+from .cue_trust import Alignment, CueTrust, session_of
 from .cues import MAX_CUES, CueBatch, CueWriter, text_key
 from .errors import ConfigurationError, InvalidArgumentError
 from .store import AddsOneFact, Store
@@ -70,14 +71,6 @@ def cue_path_for(store_path: str | Path) -> Path:
     directory ``<file>.cues`` beside a ``.pgr`` file (an EdgeStore either way: durable per write)."""
     path = Path(store_path)
     return path.with_name(path.name + ".cues") if path.suffix == ".pgr" or path.is_file() else path / "cues"
-
-
-def _session_of(fact: Fact) -> str:
-    """The session a fact was written in (extracted facts carry it in their metadata), or ''."""
-    from .write.ingest import SESSION_KEY
-
-    marker = fact.metadata.get(SESSION_KEY) if isinstance(fact.metadata, Mapping) else None
-    return str(fact.session_id or marker or "")
 
 
 def cue_ids(fact_id: str, count: int = MAX_CUES * 3) -> list[str]:
@@ -174,6 +167,12 @@ class Anticipating(AddsOneFact, Store):
       behind its sum (``Hit.raw``: own plus best cue), window neighbours step down from that, and
       ``PGR`` does not centre them again. τ still reads a cosine: a fact is kept when its own
       similarity, or ``cue_weight`` × a cue's, reaches it.
+    - ``cue_trust``: under ``scoring="centred"``, the cue term is weighted by how far the scope's cues
+      point at their own fact rather than at another fact of the session they were written in
+      (:mod:`pgr_core.cue_trust`, no LLM, one figure per scope kept until a write there): in full
+      where they do (MQ-lite), not at all where they tell their facts apart no better than chance
+      (LoCoMo's chat turns with the local model), and then the cue index is not searched. ``False``:
+      always in full.
     - ``writer``: a :class:`CueWriter`; with it, every fact written through the wrapper gets cues at
       once (one call per write batch). Without it, :meth:`build` backfills.
     """
@@ -186,6 +185,7 @@ class Anticipating(AddsOneFact, Store):
         cue_weight: float = DEFAULT_CUE_WEIGHT,
         writer: CueWriter | None = None,
         scoring: str = AUTO,
+        cue_trust: bool = True,
     ) -> None:
         if not isinstance(store, Store):
             raise InvalidArgumentError(f"Anticipating wraps a pgr Store, got {type(store).__name__}")
@@ -214,6 +214,11 @@ class Anticipating(AddsOneFact, Store):
         if scoring == "centred":
             embedder = getattr(store, "embedder", None)
             self._centres = (MemoryCentre(store, embedder), MemoryCentre(self.cues, embedder))
+        # scoring="centred": how far each scope's cues point at their own fact (the cue term's weight)
+        self._trust: CueTrust | None = None
+        if scoring == "centred" and cue_trust:
+            embedder = getattr(store, "embedder", None)
+            self._trust = CueTrust(store, self.cues, embedder, self._cue_records)
 
     @staticmethod
     def _cue_index(store: Store, cues: Store | str | Path | None) -> Store:
@@ -237,6 +242,12 @@ class Anticipating(AddsOneFact, Store):
 
     def __repr__(self) -> str:
         return f"Anticipating({self.store!r}, cue_weight={self.cue_weight}, scoring={self.scoring!r})"
+
+    def cue_alignment(self, scope: Scope | Mapping[str, str]) -> Alignment:
+        """How far ``scope``'s cues point at their own fact, and the weight their term gets
+        (:class:`~pgr_core.cue_trust.Alignment`; nothing judged, trust 1, where it is not measured)."""
+        owner = Scope.coerce(scope)
+        return self._trust.alignment(owner) if self._trust is not None else Alignment()
 
     @property
     def centres_scores(self) -> bool:
@@ -315,9 +326,13 @@ class Anticipating(AddsOneFact, Store):
         assert self._centres is not None  # built with the wrapper when scoring="centred"
         facts_centre, cues_centre = self._centres
         depth = max(params.top_k, CENTRED_DEPTH)
+        trust = self._trust.trust(scope) if self._trust is not None else 1.0
         base = self.store._checked_search(probes, scope, SearchParams(top_k=depth, min_score=0.0, window=0))
-        wide = SearchParams(top_k=depth * self.cue_depth, min_score=0.0, window=0)
-        by_cue = self.cues._checked_search(probes, scope, wide)
+        if trust > 0.0:
+            wide = SearchParams(top_k=depth * self.cue_depth, min_score=0.0, window=0)
+            by_cue = self.cues._checked_search(probes, scope, wide)
+        else:  # the scope's cues tell their facts apart no better than chance: its own text ranks a fact
+            by_cue = [[] for _ in probes]
         facts_typical = facts_centre.typicality(scope, *hit_texts(base))
         cues_typical = cues_centre.typicality(scope, *hit_texts(by_cue))
         # per probe: fact id -> (centred own term, fact, cosine); fact id -> (best centred cue term, that
@@ -356,9 +371,9 @@ class Anticipating(AddsOneFact, Store):
                     cue_term, text, cue_cos = cue[fid]
                 else:
                     cue_term, cue_cos = (cue_floor, cue_low) if fid in cued else (own_term, own_cos)
-                raw[fid] = own_cos + cue_cos
+                raw[fid] = own_cos + trust * cue_cos
                 # the hit names its cue where the cue counted for more than the fact's own text
-                scored.append((own_term + cue_term, fact, text if cue_term > own_term else None))
+                scored.append((own_term + trust * cue_term, fact, text if trust * cue_term > own_term else None))
                 if fid not in own:
                     missing[fid] = None
             ranked = sorted(scored, key=lambda x: -x[0])  # stable: ties keep the store's order
@@ -553,7 +568,7 @@ class Anticipating(AddsOneFact, Store):
         report.already = len(facts) - len(todo)
         sessions: dict[tuple[Scope, str], list[Fact]] = {}
         for fact in todo:
-            sessions.setdefault((fact.scope, _session_of(fact)), []).append(fact)
+            sessions.setdefault((fact.scope, session_of(fact)), []).append(fact)
         for done, group in enumerate(sessions.values(), 1):
             report.add(self._write_cues(group, writer), len(group))
             if progress is not None:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .embedders import Embedder
     from .store import Store
 
-__all__ = ["CentringUnavailable", "MemoryCentre", "centrable", "centred"]
+__all__ = ["CentringUnavailable", "MemoryCentre", "centrable", "centred", "read_vectors"]
 
 _MAX_EMBEDDED = 2000  # a store that gives no vectors: the mean of an even sample of at most this many facts
 
@@ -137,18 +137,24 @@ class MemoryCentre:
         return centre
 
     def _vectors(self, scope: Scope, ids: list[str], texts: list[str]) -> np.ndarray:
-        own = getattr(self.store, "vectors_for", None)
-        if callable(own):
-            try:
-                return unit_rows(own(ids, scope=scope))
-            except KeyError:
-                pass  # a fact written meanwhile, or one the store resolves differently: embed instead
-        if self.embedder is None:
-            raise CentringUnavailable(
-                f"{type(self.store).__name__} gives no vectors (vectors_for) and no embedder was given: "
-                "pass PGR(..., embedder=...) or centring=None"
-            )
-        return unit_rows(self.embedder.embed(texts))
+        return read_vectors(self.store, self.embedder, scope, ids, texts)
+
+
+def read_vectors(store: Any, embedder: Embedder | None, scope: Scope, ids: list[str], texts: list[str]) -> np.ndarray:
+    """Unit vectors of ``ids`` (their ``texts``) within ``scope``: the store's own (``vectors_for``) where
+    it gives them, else ``embedder``'s. Raises :class:`CentringUnavailable` when neither can."""
+    own = getattr(store, "vectors_for", None)
+    if callable(own):
+        try:
+            return unit_rows(own(ids, scope=scope))
+        except KeyError:
+            pass  # a fact written meanwhile, or one the store resolves differently: embed instead
+    if embedder is None:
+        raise CentringUnavailable(
+            f"{type(store).__name__} gives no vectors (vectors_for) and no embedder was given: "
+            "pass PGR(..., embedder=...) or centring=None"
+        )
+    return unit_rows(embedder.embed(texts))
 
 
 def centred(

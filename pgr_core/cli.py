@@ -457,6 +457,8 @@ def _cue_options(writer: str, args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"cues": writer, "cue_weight": args.cue_weight}
     if args.cue_scoring != "max":
         options["cue_scoring"] = args.cue_scoring
+        # the centred rule's cue term weighted by each user's cue trust (records from before it are not reused)
+        options["cue_trust"] = bool(args.cue_trust)
     return options
 
 
@@ -494,7 +496,13 @@ def _run_eval(
             return 2
         writer = cue_writer(args, llm)
         store, cue_report = with_cues(
-            store, writer, cue_weight=args.cue_weight, scoring=args.cue_scoring, retry_failed=args.cue_retry, log=_say
+            store,
+            writer,
+            cue_weight=args.cue_weight,
+            scoring=args.cue_scoring,
+            cue_trust=args.cue_trust,
+            retry_failed=args.cue_retry,
+            log=_say,
         )
         store_options = _cue_options(writer.identity, args)
     rows = run_eval(
@@ -657,6 +665,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="centred",
         help="how a fact's own and cue similarities combine (Anticipating's scoring; default centred, what "
         "scoring='auto' picks for the in-memory eval store)",
+    )
+    ev.add_argument(
+        "--no-cue-trust",
+        dest="cue_trust",
+        action="store_false",
+        help="under centred scoring, count every user's cue term in full, however mixed up their cues "
+        "are (by default it is weighted by how far the cues point at their own fact: pgr_core.cue_trust)",
     )
     from .cli_write import cue_options
 

@@ -264,18 +264,29 @@ def cmd_cues(args: argparse.Namespace) -> int:
             finally:
                 bar.close()
             reports[user] = report.to_dict()
+            reports[user]["trust"] = store.cue_alignment(Scope(user_id=user)).to_dict()
             if not args.json:
                 r = reports[user]
                 print(
                     f"{user}: {r['cued']} fact(s) cued ({r['from_cache']} from the cache), {r['already_cued']} "
                     f"already, {r['without_cues']} without (rerun to retry); {r['llm_calls']} LLM call(s), "
-                    f"{r['tokens']} tokens, {r['seconds_per_session']} s per session"
+                    f"{r['tokens']} tokens, {r['seconds_per_session']} s per session; {_trust_line(r['trust'])}"
                 )
         if args.json:
             print(json.dumps({"store": str(out), "cue_index": str(store.cues.path), "users": reports}))
         else:
             print(f"cue index: {store.cues.path}; pgr retrieve --store {out} uses it")
     return 0
+
+
+def _trust_line(trust: dict[str, Any]) -> str:
+    """One user's cue trust (:mod:`pgr_core.cue_trust`) in words."""
+    if not trust["judged"]:
+        return "cue trust 1 (no session of two or more cued facts to judge)"
+    return (
+        f"cue trust {trust['trust']:.2f} ({trust['aligned']} of {trust['judged']} cue sets closest to their own "
+        f"fact of their session, {trust['chance']:.0f} by chance; kappa {trust['kappa']:.2f})"
+    )
 
 
 def cmd_consolidate(args: argparse.Namespace) -> int:

@@ -421,6 +421,10 @@ def test_cli_ingest_cues_retrieve_and_build(tmp_path: Path, capsys: pytest.Captu
         assert main(["cues", "build", "--store", str(out), "--json", "--no-progress", *common, *llm]) == 0
         built = json.loads(capsys.readouterr().out)["users"]["maya"]
         assert (built["already_cued"], built["llm_calls"]) == (3, 0) and server.count == calls
+        # three facts are too few to judge the cues by: they count in full, and the report says why
+        assert built["trust"]["trust"] == 1.0 and built["trust"]["judged"] < 12
+        assert main(["cues", "build", "--store", str(out), "--no-progress", *common, *llm]) == 0
+        assert "cue trust 1" in capsys.readouterr().out
 
 
 def test_pgr_eval_cues_finds_the_cued_reference_and_reuses_the_cache(
@@ -466,6 +470,10 @@ def test_pgr_eval_cues_finds_the_cued_reference_and_reuses_the_cache(
     assert plain["methods"]["query-only"]["recall_at"]["10"] == 0.0  # 20 fillers are closer to the words
     assert cued["methods"]["query-only"]["recall_at"]["10"] == 1.0
     assert cued["cues"]["cued"] == 23 and cued["cues"]["llm_calls"] == 3
+    # the report says how far each user's cues point at their own fact: here the 20 fillers share two
+    # cues, so the cue term counts for little, yet the knee's own cue still lifts it into the top 10
+    trust = cued["cues"]["trust"]["u1"]
+    assert trust["judged"] == 22 and 0.0 < trust["trust"] < 1.0
     assert json.loads((tmp_path / "two.json").read_text())["cues"]["llm_calls"] == 3
 
 

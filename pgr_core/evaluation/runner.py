@@ -134,6 +134,7 @@ def with_cues(
     *,
     cue_weight: float,
     scoring: str = "auto",
+    cue_trust: bool = True,
     retry_failed: bool = False,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 ) -> tuple[Any, dict[str, Any]]:
@@ -144,7 +145,7 @@ def with_cues(
     retry temperature, as ``pgr cues build`` does); by default a rerun reuses the verdicts."""
     from ..anticipating import Anticipating, CueBuildReport
 
-    wrapped = Anticipating(store, cue_weight=cue_weight, scoring=scoring)
+    wrapped = Anticipating(store, cue_weight=cue_weight, scoring=scoring, cue_trust=cue_trust)
     writer.retry_failed = retry_failed
     owners = list(dict.fromkeys(f.scope for f in getattr(store, "facts", [])))
     total = CueBuildReport()
@@ -163,10 +164,14 @@ def with_cues(
         total.merge(wrapped.build(writer, scope=owner, progress=tick))
     summary = total.to_dict()
     summary["wall_seconds"] = round(time.perf_counter() - started, 1)
+    # how far each owner's cues point at their own fact: the weight of its cue term (pgr_core.cue_trust)
+    summary["trust"] = {owner.user_id or str(owner): wrapped.cue_alignment(owner).to_dict() for owner in owners}
     log(
         f"cues: {summary['cued']} of {summary['facts']} facts cued ({summary['from_cache']} from the cue cache), "
         f"{summary['without_cues']} without, {summary['llm_calls']} LLM calls, {summary['tokens']} tokens"
     )
+    trusts = ", ".join(f"{user} {t['trust']:.2f} (kappa {t['kappa']:.2f})" for user, t in summary["trust"].items())
+    log(f"cue trust (the cue term's weight, per user): {trusts}")
     return wrapped, summary
 
 

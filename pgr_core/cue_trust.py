@@ -1,0 +1,218 @@
+"""How far a user's cues can be trusted: do they point at their own fact?
+
+A cue writer is asked about a whole session at once, so what it writes for one fact can read as
+another's. On MQ-lite's short dated facts the local 1.5B model's cue sets mostly stay with their fact;
+on LoCoMo's long chat turns they do not, and there summing the cue term into a fact's score costs
+recall (benchmarks/RESULTS.md). This module measures it per scope, with no LLM:
+
+- a cue set is *aligned* when the mean of its cue vectors is closer to its own fact than to any other
+  fact of the same session (the facts the writer saw beside it);
+- picking a session's fact at random would align ``1/n`` of the time in a session of ``n`` facts, so
+  the measure is chance-corrected: ``kappa = (aligned - chance) / (judged - chance)`` (0 when the cues
+  tell their facts apart no better than chance, 1 when always);
+- ``trust = clip(kappa / TRUST_FULL, 0, 1)``: the weight ``Anticipating`` gives the cue term of a
+  fact's centred score in that scope. With fewer than :data:`MIN_JUDGED` cue sets in sessions of two
+  or more facts there is too little to judge, and the cues count in full.
+
+Measured with the local model's cues (RESULTS.md): MQ-lite dev users kappa 0.42 to 0.47 (trust 1),
+LoCoMo conv-30 kappa -0.01 (trust 0: the cue term drops out and the ranking is the fact's own).
+
+:class:`CueTrust` keeps one figure per scope, rebuilt after a write to the store or to the cue index
+in that scope, reading at most :data:`MAX_SESSIONS` sessions (an even sample) of the scope's facts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .centring import CentringUnavailable, read_vectors
+from .types import Fact, Scope
+
+if TYPE_CHECKING:
+    from .embedders import Embedder
+    from .store import Store
+
+__all__ = ["MAX_SESSIONS", "MIN_JUDGED", "TRUST_FULL", "Alignment", "CueTrust", "alignment", "session_of"]
+
+logger = logging.getLogger("pgr")
+
+TRUST_FULL = 0.2
+"""Chance-corrected alignment at and above which a scope's cues count in full."""
+MIN_JUDGED = 12
+"""Fewer cue sets than this in sessions of two or more facts: too little to judge, the cues count in full."""
+MAX_SESSIONS = 300
+"""Sessions of two or more facts read per scope (an even sample of them beyond this)."""
+
+
+def session_of(fact: Fact) -> str:
+    """The session a fact was written in (extracted facts carry it in their metadata), or ''."""
+    from .write.ingest import SESSION_KEY
+
+    marker = fact.metadata.get(SESSION_KEY) if isinstance(fact.metadata, Mapping) else None
+    return str(fact.session_id or marker or "")
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """One scope's cue sets judged against the other facts of their sessions."""
+
+    judged: int = 0  # cue sets of facts in sessions of two or more facts
+    aligned: int = 0  # of those, closer to their own fact than to any other of the session
+    chance: float = 0.0  # how many a random pick among each session's facts would align (sum of 1/n)
+
+    @property
+    def kappa(self) -> float:
+        """Chance-corrected alignment: 0 no better than chance, 1 always aligned (1.0 when nothing judged)."""
+        if self.judged <= self.chance:
+            return 1.0
+        return (self.aligned - self.chance) / (self.judged - self.chance)
+
+    @property
+    def trust(self) -> float:
+        """The weight of the cue term: 1 with too little to judge, else ``clip(kappa / TRUST_FULL, 0, 1)``."""
+        if self.judged < MIN_JUDGED:
+            return 1.0
+        return float(min(max(self.kappa / TRUST_FULL, 0.0), 1.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "judged": self.judged,
+            "aligned": self.aligned,
+            "chance": round(self.chance, 2),
+            "kappa": round(self.kappa, 3),
+            "trust": round(self.trust, 3),
+        }
+
+
+def alignment(
+    fact_vectors: np.ndarray, sessions: Sequence[Sequence[int]], cue_vectors: Mapping[int, np.ndarray]
+) -> Alignment:
+    """Judge cue sets: ``fact_vectors`` (unit rows), ``sessions`` (row indices of each session's facts),
+    ``cue_vectors`` (row index -> that fact's cue vectors, unit rows; a fact without cues is absent).
+
+    >>> facts = np.eye(3)
+    >>> a = alignment(facts, [[0, 1, 2]], {0: np.array([[1.0, 0, 0]]), 1: np.array([[1.0, 0.1, 0]])})
+    >>> (a.judged, a.aligned, round(a.chance, 2))
+    (2, 1, 0.67)
+    """
+    judged = aligned = 0
+    chance = 0.0
+    for members in sessions:
+        if len(members) < 2:
+            continue
+        rows = fact_vectors[list(members)]
+        for at, row in enumerate(members):
+            vectors = cue_vectors.get(row)
+            if vectors is None or not len(vectors):
+                continue
+            centroid = np.asarray(vectors).mean(axis=0)
+            judged += 1
+            aligned += int(np.argmax(rows @ centroid)) == at
+            chance += 1.0 / len(members)
+    return Alignment(judged, aligned, chance)
+
+
+class CueTrust:
+    """Per scope, the :class:`Alignment` of its cue sets (and so the weight of its cue term).
+
+    ``cue_records(fact_ids, scope)`` gives the cue records of those facts (their ``metadata["fact_id"]``
+    names the fact). Thread-safe; a scope's figure is dropped when the store or the cue index reports a
+    write there. At most ``max_scopes`` are kept, least recently used first out.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        cues: Store,
+        embedder: Embedder | None,
+        cue_records: Callable[[Sequence[str], Scope], list[Fact]],
+        *,
+        max_scopes: int = 256,
+    ) -> None:
+        self.store = store
+        self.cues = cues
+        self.embedder = embedder
+        self.cue_records = cue_records
+        self.max_scopes = max_scopes
+        self._held: OrderedDict[Scope, Alignment] = OrderedDict()
+        self._generation = 0
+        self._lock = threading.Lock()
+        store.add_listener(self.invalidate)  # held weakly
+        cues.add_listener(self.invalidate)
+
+    def invalidate(self, scopes: Collection[Scope] | None = None) -> None:
+        """Store listener: forget every scope that can see a fact owned by ``scopes``. Never raises."""
+        with self._lock:
+            self._generation += 1
+            try:
+                owners = None if scopes is None else list(scopes)
+                stale = [s for s in self._held if owners is None or any(s.allows(o) for o in owners)]
+            except Exception:
+                stale = list(self._held)
+            for scope in stale:
+                del self._held[scope]
+
+    def trust(self, scope: Scope) -> float:
+        """The weight of ``scope``'s cue term (see the module doc)."""
+        return self.alignment(scope).trust
+
+    def alignment(self, scope: Scope) -> Alignment:
+        """``scope``'s cue sets judged; nothing judged (1.0 trust) where the vectors cannot be read."""
+        with self._lock:
+            if scope in self._held:
+                self._held.move_to_end(scope)
+                return self._held[scope]
+            generation = self._generation
+        try:
+            found = self._judge(scope)
+        except CentringUnavailable as exc:
+            logger.debug("cue trust for %s not judged: %s", scope, exc)
+            found = Alignment()
+        with self._lock:
+            if self._generation == generation:  # no write meanwhile: keep it
+                self._held[scope] = found
+                while len(self._held) > self.max_scopes:
+                    self._held.popitem(last=False)
+        return found
+
+    def _judge(self, scope: Scope) -> Alignment:
+        lister = getattr(self.store, "facts_for", None)
+        if not callable(lister):
+            raise CentringUnavailable(f"{type(self.store).__name__} cannot list a scope's facts (no facts_for)")
+        by_session: dict[str, list[Fact]] = {}
+        for fact in lister(scope):
+            key = session_of(fact)
+            if key:  # a fact with no session has no neighbours to be told apart from
+                by_session.setdefault(key, []).append(fact)
+        groups = [g for g in by_session.values() if len(g) > 1]
+        if len(groups) > MAX_SESSIONS:
+            step = len(groups) / MAX_SESSIONS
+            groups = [groups[int(i * step)] for i in range(MAX_SESSIONS)]
+        facts = [f for g in groups for f in g]
+        if not facts:
+            return Alignment()
+        records = self.cue_records([f.id for f in facts], scope)
+        if not records:
+            return Alignment()
+        row_of = {f.id: i for i, f in enumerate(facts)}
+        fact_vectors = read_vectors(self.store, self.embedder, scope, [f.id for f in facts], [f.text for f in facts])
+        record_vectors = read_vectors(
+            self.cues, self.embedder, scope, [r.id for r in records], [r.text for r in records]
+        )
+        cue_vectors: dict[int, list[np.ndarray]] = {}
+        for record, vector in zip(records, record_vectors, strict=True):
+            row = row_of.get(str(record.metadata.get("fact_id") or ""))
+            if row is not None:
+                cue_vectors.setdefault(row, []).append(vector)
+        sessions, at = [], 0
+        for g in groups:
+            sessions.append(list(range(at, at + len(g))))
+            at += len(g)
+        return alignment(fact_vectors, sessions, {row: np.stack(v) for row, v in cue_vectors.items()})

@@ -1,0 +1,158 @@
+"""Cue trust: a scope whose cues point at their own fact keeps the cue term in full; one whose cues read
+as their session neighbours' (what the local model wrote for LoCoMo's chat turns) drops it."""
+
+from __future__ import annotations
+
+import doctest
+
+import numpy as np
+import pytest
+
+import pgr_core.cue_trust as cue_trust
+from pgr_core import Anticipating, Fact, HashingEmbedder, InMemoryStore, Scope
+from pgr_core.cue_trust import MIN_JUDGED, TRUST_FULL, Alignment, alignment
+from pgr_core.types import SearchParams
+
+U1 = Scope(user_id="u1")
+U2 = Scope(user_id="u2")
+WORDS = (
+    "violin harbour glacier pepper lantern orchid tractor saddle quartz meadow falcon ribbon "
+    "canyon walnut trumpet pillow copper lagoon marble thimble beacon cactus donkey ember "
+    "fossil gravel hammock igloo jigsaw kettle ledger mango nectar oyster pebble quiver "
+    "raisin sprocket tundra umbrella velvet wombat yogurt zipper anchor bramble chimney dagger "
+    "easel fjord goblet hazel ivory jasmine kayak lentil mortar nutmeg obelisk parsley quill "
+    "rhubarb satchel tinsel urchin vortex wicker yarrow zephyr acorn bistro cobalt dingo "
+    "elbow flannel gazebo hornet inkwell jockey kiln locust mitten nozzle okra paddle "
+    "quinoa radish sequin trowel ukulele vinyl waffle yodel zinnia almond biscuit cobweb"
+).split()
+SESSIONS, PER_SESSION = 8, 3
+
+
+def user_facts(scope: Scope) -> list[Fact]:
+    """Eight sessions of three facts, each fact four words no other fact has."""
+    out = []
+    for s in range(SESSIONS):
+        for p in range(PER_SESSION):
+            i = s * PER_SESSION + p
+            text = " ".join(WORDS[4 * i : 4 * i + 4])
+            out.append(Fact(id=f"{scope.user_id}-f{i}", text=text, scope=scope, session_id=f"s{s}", position=p))
+    return out
+
+
+def own_cues(fact: Fact) -> list[str]:
+    """Two cues that share their fact's words: they point at it."""
+    w = fact.text.split()
+    return [f"a plan with the {w[0]} and the {w[1]}", f"what about {w[2]} or {w[3]}"]
+
+
+def rotated(facts: list[Fact]) -> dict[str, list[str]]:
+    """Each fact gets the cues of the next fact of its session: every cue set reads as a neighbour's."""
+    out: dict[str, list[str]] = {}
+    for s in range(SESSIONS):
+        members = facts[s * PER_SESSION : (s + 1) * PER_SESSION]
+        for at, fact in enumerate(members):
+            out[fact.id] = own_cues(members[(at + 1) % PER_SESSION])
+    return out
+
+
+def wrapped(*, cue_trust_on: bool = True) -> tuple[Anticipating, InMemoryStore]:
+    inner = InMemoryStore(embedder=HashingEmbedder(dim=1024))
+    inner.add_facts([*user_facts(U1), *user_facts(U2)])
+    return Anticipating(inner, scoring="centred", cue_trust=cue_trust_on), inner
+
+
+def test_the_module_examples_hold() -> None:
+    assert doctest.testmod(cue_trust).failed == 0
+
+
+def test_alignment_is_chance_corrected_and_trust_needs_enough_judged() -> None:
+    eye = np.eye(4)
+    perfect = alignment(eye, [[0, 1], [2, 3]], {i: eye[[i]] for i in range(4)})
+    assert (perfect.judged, perfect.aligned, perfect.chance) == (4, 4, 2.0)
+    assert perfect.kappa == 1.0
+    swapped = alignment(eye, [[0, 1], [2, 3]], {0: eye[[1]], 1: eye[[0]], 2: eye[[3]], 3: eye[[2]]})
+    assert swapped.aligned == 0 and swapped.kappa == -1.0
+    lone = alignment(eye, [[0], [1, 2, 3]], {0: eye[[0]]})  # a fact alone in its session is not judged
+    assert lone.judged == 0 and lone.kappa == 1.0
+    # too few judged: the cues count in full whatever they say
+    assert Alignment(judged=MIN_JUDGED - 1, aligned=0, chance=5.0).trust == 1.0
+    # enough judged: linear in kappa up to TRUST_FULL, then full; never below 0
+    chance = MIN_JUDGED / 3
+    kappa = (5 - chance) / (MIN_JUDGED - chance)
+    assert 0 < kappa < TRUST_FULL
+    assert Alignment(MIN_JUDGED, 5, chance).trust == pytest.approx(kappa / TRUST_FULL)
+    assert Alignment(MIN_JUDGED, 0, chance).trust == 0.0
+    assert Alignment(MIN_JUDGED, MIN_JUDGED, chance).trust == 1.0
+
+
+def test_cues_that_point_at_their_own_fact_count_in_full() -> None:
+    store, _ = wrapped()
+    facts = user_facts(U1)
+    store.put_cues({f.id: own_cues(f) for f in facts}, facts)
+    found = store.cue_alignment(U1)
+    assert (found.judged, found.aligned) == (len(facts), len(facts))
+    assert found.trust == 1.0
+    assert store.cue_alignment({"user_id": "u1"}) == found  # a mapping scope reads the same
+
+
+def test_cues_that_read_as_a_neighbours_drop_out_and_the_cue_index_is_not_searched() -> None:
+    facts = user_facts(U1)
+    # the third session's first fact; its neighbour holds its cues once rotated
+    target, neighbour = facts[2 * PER_SESSION], facts[3 * PER_SESSION - 1]
+    probe = own_cues(target)[0]
+    params = SearchParams(top_k=5, min_score=0.0)
+
+    blind, _ = wrapped(cue_trust_on=False)
+    blind.put_cues(rotated(facts), facts)
+    trusting, inner = wrapped()
+    trusting.put_cues(rotated(facts), facts)
+    found = trusting.cue_alignment(U1)
+    assert found.judged == len(facts) and found.aligned == 0 and found.trust == 0.0
+
+    calls: list[int] = []
+    searched = trusting.cues._checked_search
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return searched(*args, **kwargs)
+
+    trusting.cues._checked_search = spy  # type: ignore[method-assign]
+    trusted = [h.fact.id for h in trusting.search_batch([probe], scope=U1, params=params)[0]]
+    assert calls == []  # no cue call for a scope whose cues carry nothing
+    blind_ids = [h.fact.id for h in blind.search_batch([probe], scope=U1, params=params)[0]]
+    # the blind rule lifts the neighbour that holds the target's cues to second, ahead of every other fact
+    assert blind_ids[:2] == [target.id, neighbour.id]
+    # trusting, the ranking is the facts' own: what a store with no cues at all gives
+    uncued = Anticipating(inner, scoring="centred", cues=InMemoryStore(embedder=HashingEmbedder(dim=1024)))
+    assert trusted == [h.fact.id for h in uncued.search_batch([probe], scope=U1, params=params)[0]]
+    assert trusted[0] == target.id and neighbour.id not in trusted
+
+
+def test_trust_is_judged_per_scope_and_rejudged_after_a_write() -> None:
+    store, _ = wrapped()
+    alice, bob = user_facts(U1), user_facts(U2)
+    store.put_cues({f.id: own_cues(f) for f in alice}, alice)
+    store.put_cues(rotated(bob), bob)
+    assert store.cue_alignment(U1).trust == 1.0  # bob's mixed-up cues never reach alice's figure
+    assert store.cue_alignment(U2).trust == 0.0
+    store.put_cues({f.id: own_cues(f) for f in bob}, bob)  # bob's cues rewritten: his figure is judged again
+    assert store.cue_alignment(U2).trust == 1.0
+    assert store.cue_alignment(U2).aligned == len(bob)
+
+
+def test_too_few_cue_sets_to_judge_keep_the_cues_in_full() -> None:
+    store, _ = wrapped()
+    few = user_facts(U1)[: PER_SESSION * 2]  # two sessions' cue sets, six: fewer than MIN_JUDGED
+    store.put_cues({k: v for k, v in rotated(user_facts(U1)).items() if k in {f.id for f in few}}, few)
+    found = store.cue_alignment(U1)
+    assert found.judged == len(few) < MIN_JUDGED and found.aligned == 0
+    assert found.trust == 1.0
+
+
+def test_cue_trust_off_and_the_max_rule_judge_nothing() -> None:
+    store, _ = wrapped(cue_trust_on=False)
+    facts = user_facts(U1)
+    store.put_cues(rotated(facts), facts)
+    assert store.cue_alignment(U1) == Alignment()
+    inner = InMemoryStore(embedder=HashingEmbedder())
+    assert Anticipating(inner, scoring="max").cue_alignment(U1).trust == 1.0
