@@ -250,6 +250,11 @@ class Anticipating(AddsOneFact, Store):
         return self._trust.alignment(owner) if self._trust is not None else Alignment()
 
     @property
+    def judges_cues(self) -> bool:
+        """Whether the cue term is weighted by each scope's cue trust (``scoring="centred"``, ``cue_trust=True``)."""
+        return self._trust is not None
+
+    @property
     def centres_scores(self) -> bool:
         """Scores already centred on the caller's memory (``scoring="centred"``): PGR leaves them be."""
         return self.scoring == "centred"

@@ -153,6 +153,7 @@ def test_cue_trust_off_and_the_max_rule_judge_nothing() -> None:
     store, _ = wrapped(cue_trust_on=False)
     facts = user_facts(U1)
     store.put_cues(rotated(facts), facts)
+    assert not store.judges_cues and wrapped()[0].judges_cues
     assert store.cue_alignment(U1) == Alignment()
     inner = InMemoryStore(embedder=HashingEmbedder())
     assert Anticipating(inner, scoring="max").cue_alignment(U1).trust == 1.0

@@ -170,8 +170,16 @@ def with_cues(
         f"cues: {summary['cued']} of {summary['facts']} facts cued ({summary['from_cache']} from the cue cache), "
         f"{summary['without_cues']} without, {summary['llm_calls']} LLM calls, {summary['tokens']} tokens"
     )
-    trusts = ", ".join(f"{user} {t['trust']:.2f} (kappa {t['kappa']:.2f})" for user, t in summary["trust"].items())
-    log(f"cue trust (the cue term's weight, per user): {trusts}")
+    if wrapped.judges_cues:
+        trusts = ", ".join(
+            f"{user} {t['trust']:.2f} (kappa {t['kappa']:.2f}, {t['judged']} judged)"
+            if t["judged"]
+            else f"{user} 1 (none to judge)"
+            for user, t in summary["trust"].items()
+        )
+        log(f"cue trust (the cue term's weight, per user): {trusts}")
+    else:
+        log("cue trust: off (every cue term counts in full)")
     return wrapped, summary
 
 
