@@ -3,6 +3,7 @@ the cues come from a cue cache a build filled (``pgr eval --cues`` or ``pgr cues
 
     python benchmarks/cue_weights.py --data ../shared/data/mq-lite/dev-facts.jsonl \
         --cue-cache .pgr-cache/cues.sqlite3 --model qwen [--weights 0.7,0.8,0.9,1.0] [--user U] [--json out.json]
+    python benchmarks/cue_weights.py --kind locomo --data ../shared/data/locomo --user conv-30 ... --edge
 
 For each question, the question alone is searched (K = 20, τ = 0.3, as ``pgr eval``'s query-only) in the
 plain store and through ``Anticipating`` at each weight (a fact scores max(own, weight x best cue)), and
@@ -67,6 +68,21 @@ def latency(plain: Any, cued: Any, questions: list[Any], centred: Any = None) ->
     return {"queries": len(questions)} | {f"{name}_ms": round(statistics.median(t), 3) for name, t in times.items()}
 
 
+def judging(store: Any, cues: Any, owners: list[Any]) -> dict[str, Any]:
+    """Median milliseconds to judge one user's cue trust cold (what the first centred search after a
+    write in that scope pays on top: pgr_core.cue_trust), over every owner 3 times, and each one's figure."""
+    times: list[float] = []
+    found: dict[str, Any] = {}
+    for _ in range(3):
+        for owner in owners:
+            fresh = Anticipating(store, cues=cues, scoring="centred")  # nothing judged yet
+            t0 = time.perf_counter()
+            alignment = fresh.cue_alignment(owner)
+            times.append(1000 * (time.perf_counter() - t0))
+            found[owner.user_id or str(owner)] = alignment.to_dict()
+    return {"judge_ms": round(statistics.median(times), 3), "users": found}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, required=True)
@@ -113,10 +129,11 @@ def main() -> int:
     centred = Anticipating(store, cues=wrapped.cues, scoring="centred")  # the same cue index
     rows["query-only over Anticipating, scoring=centred"] = recalls(centred, questions, ks)
     timing = latency(store, wrapped, questions, centred)
+    timing["trust"] = judging(store, wrapped.cues, owners)
     print(
         f"query-only latency, median of {timing['queries']} (each question 3 times, interleaved): "
         f"plain {timing['plain_ms']:.2f} ms, through Anticipating {timing['cued_ms']:.2f} ms, "
-        f"centred {timing['centred_ms']:.2f} ms",
+        f"centred {timing['centred_ms']:.2f} ms; judging a user's cue trust cold {timing['trust']['judge_ms']:.2f} ms",
         file=sys.stderr,
     )
     if args.edge:
@@ -136,10 +153,12 @@ def main() -> int:
                 timing["edge"] = latency(edge, edge_cued, questions, edge_centred)
                 timing["edge"]["recall_cued"] = recalls(edge_cued, questions, ks)
                 timing["edge"]["recall_centred"] = recalls(edge_centred, questions, ks)
+                timing["edge"]["trust"] = judging(edge, edge_cued.cues, owners)
         print(
             f"EdgeStore: plain {timing['edge']['plain_ms']:.2f} ms, through Anticipating "
             f"{timing['edge']['cued_ms']:.2f} ms (recall {timing['edge']['recall_cued']}), centred "
-            f"{timing['edge']['centred_ms']:.2f} ms (recall {timing['edge']['recall_centred']})",
+            f"{timing['edge']['centred_ms']:.2f} ms (recall {timing['edge']['recall_centred']}); judging a user's "
+            f"cue trust cold {timing['edge']['trust']['judge_ms']:.2f} ms",
             file=sys.stderr,
         )
     header = "| method | " + " | ".join(f"recall@{k}" for k in ks) + " |"
