@@ -4,6 +4,7 @@ as their session neighbours' (what the local model wrote for LoCoMo's chat turns
 from __future__ import annotations
 
 import doctest
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,3 +158,19 @@ def test_cue_trust_off_and_the_max_rule_judge_nothing() -> None:
     assert store.cue_alignment(U1) == Alignment()
     inner = InMemoryStore(embedder=HashingEmbedder())
     assert Anticipating(inner, scoring="max").cue_alignment(U1).trust == 1.0
+
+
+def test_an_edge_store_and_its_cue_index_are_judged_from_their_own_vectors(tmp_path: Path) -> None:
+    from pgr_core import EdgeStore
+
+    facts = user_facts(U1)
+    with EdgeStore.open(tmp_path / "s", embedder=HashingEmbedder(dim=1024), create=True) as edge:
+        edge.add_facts(facts)
+        with Anticipating(edge) as store:  # the cue index: <dir>/cues, another EdgeStore
+            assert store.judges_cues
+            store.put_cues(rotated(facts), facts)
+            mixed = store.cue_alignment(U1)
+            store.put_cues({f.id: own_cues(f) for f in facts}, facts)
+            fixed = store.cue_alignment(U1)
+    assert (mixed.judged, mixed.aligned, mixed.trust) == (len(facts), 0, 0.0)
+    assert (fixed.judged, fixed.aligned, fixed.trust) == (len(facts), len(facts), 1.0)
