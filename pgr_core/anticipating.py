@@ -171,7 +171,7 @@ class Anticipating(AddsOneFact, Store):
       point at their own fact rather than at another fact of the session they were written in
       (:mod:`pgr_core.cue_trust`, no LLM, one figure per scope kept until a write there): in full
       where they do (MQ-lite), not at all where they tell their facts apart no better than chance
-      (LoCoMo's chat turns with the local model), and then the cue index is not searched. ``False``:
+      (LoCoMo's chat turns with the local model), and then the cue index is not read. ``False``:
       always in full.
     - ``writer``: a :class:`CueWriter`; with it, every fact written through the wrapper gets cues at
       once (one call per write batch). Without it, :meth:`build` backfills.
@@ -359,7 +359,8 @@ class Anticipating(AddsOneFact, Store):
             read.append((own, cue, list(keep)))
         # a fact with no cues at all (not written yet, or failed) is not marked down for it: its own term
         # stands for its cue term too, as if its text were its one cue (one lookup for the whole call)
-        cued = self._cued(list(dict.fromkeys(f for _, cue, eligible in read for f in eligible if f not in cue)), scope)
+        uncued = list(dict.fromkeys(f for _, cue, eligible in read for f in eligible if f not in cue))
+        cued = self._cued(uncued, scope) if trust > 0.0 else set()  # at trust 0 the cue index is not read
         merged: list[list[tuple[float, Fact | str, str | None]]] = []
         raws: list[dict[str, float]] = []  # per probe: fact id -> the cosines behind its centred sum
         missing: dict[str, None] = {}

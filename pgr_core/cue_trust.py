@@ -175,6 +175,9 @@ class CueTrust:
         except CentringUnavailable as exc:
             logger.debug("cue trust for %s not judged: %s", scope, exc)
             found = Alignment()
+        except Exception as exc:  # a store that fails a read here fails the search on its own; never this
+            logger.warning("cue trust for %s not judged (the cues count in full): %s", scope, exc)
+            return Alignment()  # not kept: judged again next time
         with self._lock:
             if self._generation == generation:  # no write meanwhile: keep it
                 self._held[scope] = found

@@ -118,8 +118,9 @@ def test_cues_that_read_as_a_neighbours_drop_out_and_the_cue_index_is_not_search
         return searched(*args, **kwargs)
 
     trusting.cues._checked_search = spy  # type: ignore[method-assign]
+    trusting.cues.get_many = lambda *a, **k: calls.append(2) or {}  # type: ignore[method-assign]
     trusted = [h.fact.id for h in trusting.search_batch([probe], scope=U1, params=params)[0]]
-    assert calls == []  # no cue call for a scope whose cues carry nothing
+    assert calls == []  # the cue index is not read for a scope whose cues carry nothing
     blind_ids = [h.fact.id for h in blind.search_batch([probe], scope=U1, params=params)[0]]
     # the blind rule lifts the neighbour that holds the target's cues to second, ahead of every other fact
     assert blind_ids[:2] == [target.id, neighbour.id]
@@ -174,3 +175,18 @@ def test_an_edge_store_and_its_cue_index_are_judged_from_their_own_vectors(tmp_p
             fixed = store.cue_alignment(U1)
     assert (mixed.judged, mixed.aligned, mixed.trust) == (len(facts), 0, 0.0)
     assert (fixed.judged, fixed.aligned, fixed.trust) == (len(facts), len(facts), 1.0)
+
+
+def test_a_cue_index_that_fails_a_read_while_judging_leaves_the_cues_in_full_until_it_reads_again() -> None:
+    store, _ = wrapped()
+    facts = user_facts(U1)
+    store.put_cues(rotated(facts), facts)
+    real = store.cues.vectors_for
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("disk went away")
+
+    store.cues.vectors_for = broken  # type: ignore[method-assign]
+    assert store.cue_alignment(U1) == Alignment()  # not judged, never raised: the cues count in full
+    store.cues.vectors_for = real  # type: ignore[method-assign]
+    assert store.cue_alignment(U1).trust == 0.0  # a failed judgement is not kept: judged again once it reads
