@@ -171,8 +171,10 @@ class Anticipating(AddsOneFact, Store):
       point at their own fact rather than at another fact of the session they were written in
       (:mod:`pgr_core.cue_trust`, no LLM, one figure per scope kept until a write there): in full
       where they do (MQ-lite), not at all where they tell their facts apart no better than chance
-      (LoCoMo's chat turns with the local model), and then the cue index is not read. ``False``:
-      always in full.
+      (LoCoMo's chat turns with the local model), and then the cue index is not read; a fact alone in
+      its session keeps its cue term in full (its cues were written with no other fact beside it).
+      A fact's score is ``2 / (1 + w) x (own term + w x cue term)`` for a cue weight ``w``: the sum
+      above at ``w = 1``, twice its own term at ``w = 0``. ``False``: always in full.
     - ``writer``: a :class:`CueWriter`; with it, every fact written through the wrapper gets cues at
       once (one call per write batch). Without it, :meth:`build` backfills.
     """
@@ -331,9 +333,10 @@ class Anticipating(AddsOneFact, Store):
         assert self._centres is not None  # built with the wrapper when scoring="centred"
         facts_centre, cues_centre = self._centres
         depth = max(params.top_k, CENTRED_DEPTH)
-        trust = self._trust.trust(scope) if self._trust is not None else 1.0
+        judged = self._trust.alignment(scope) if self._trust is not None else Alignment()
         base = self.store._checked_search(probes, scope, SearchParams(top_k=depth, min_score=0.0, window=0))
-        if trust > 0.0:
+        read_cues = judged.trust > 0.0 or bool(judged.lone)
+        if read_cues:
             wide = SearchParams(top_k=depth * self.cue_depth, min_score=0.0, window=0)
             by_cue = self.cues._checked_search(probes, scope, wide)
         else:  # the scope's cues tell their facts apart no better than chance: its own text ranks a fact
@@ -360,7 +363,7 @@ class Anticipating(AddsOneFact, Store):
         # a fact with no cues at all (not written yet, or failed) is not marked down for it: its own term
         # stands for its cue term too, as if its text were its one cue (one lookup for the whole call)
         uncued = list(dict.fromkeys(f for _, cue, eligible in read for f in eligible if f not in cue))
-        cued = self._cued(uncued, scope) if trust > 0.0 else set()  # at trust 0 the cue index is not read
+        cued = self._cued(uncued, scope) if read_cues else set()  # at trust 0 the cue index is not read
         merged: list[list[tuple[float, Fact | str, str | None]]] = []
         raws: list[dict[str, float]] = []  # per probe: fact id -> the cosines behind its centred sum
         missing: dict[str, None] = {}
@@ -377,9 +380,13 @@ class Anticipating(AddsOneFact, Store):
                     cue_term, text, cue_cos = cue[fid]
                 else:
                     cue_term, cue_cos = (cue_floor, cue_low) if fid in cued else (own_term, own_cos)
-                raw[fid] = own_cos + trust * cue_cos
+                # the cue term weighted by the scope's cue trust (in full for a fact alone in its session),
+                # scaled back to two terms' worth so that facts of different weights compare
+                w = judged.weight(fid)
+                scale = 2.0 / (1.0 + w)
+                raw[fid] = scale * (own_cos + w * cue_cos)
                 # the hit names its cue where the cue counted for more than the fact's own text
-                scored.append((own_term + trust * cue_term, fact, text if trust * cue_term > own_term else None))
+                scored.append((scale * (own_term + w * cue_term), fact, text if w * cue_term > own_term else None))
                 if fid not in own:
                     missing[fid] = None
             ranked = sorted(scored, key=lambda x: -x[0])  # stable: ties keep the store's order

@@ -13,9 +13,13 @@ recall (benchmarks/RESULTS.md). This module measures it per scope, with no LLM:
 - ``trust = clip(kappa / TRUST_FULL, 0, 1)``: the weight ``Anticipating`` gives the cue term of a
   fact's centred score in that scope. With fewer than :data:`MIN_JUDGED` cue sets in sessions of two
   or more facts there is too little to judge, and the cues count in full.
+- a fact alone in its session had its cues written with no other fact beside it, so they cannot be
+  another fact's: its cue term always counts in full (PrefEval's stated preference, alone in its
+  session among long filler conversations whose turns' cues are mixed up).
 
 Measured with the local model's cues (RESULTS.md): MQ-lite dev users kappa 0.42 to 0.47 (trust 1),
-LoCoMo conv-30 kappa -0.01 (trust 0: the cue term drops out and the ranking is the fact's own).
+LoCoMo conv-30 kappa -0.003 (trust 0: the cue term drops out and the ranking is the fact's own),
+PrefEval's filler turns -0.06 to -0.02 (trust 0, but the preference, alone in its session, keeps its cues).
 
 :class:`CueTrust` keeps one figure per scope, rebuilt after a write to the store or to the cue index
 in that scope, reading at most :data:`MAX_SESSIONS` sessions (an even sample) of the scope's facts.
@@ -27,7 +31,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,6 +70,8 @@ class Alignment:
     judged: int = 0  # cue sets of facts in sessions of two or more facts
     aligned: int = 0  # of those, closer to their own fact than to any other of the session
     chance: float = 0.0  # how many a random pick among each session's facts would align (sum of 1/n)
+    # facts alone in their session, whose cue term counts in full whatever the trust (kept below trust 1)
+    lone: frozenset[str] = field(default=frozenset(), repr=False)
 
     @property
     def kappa(self) -> float:
@@ -81,6 +87,10 @@ class Alignment:
             return 1.0
         return float(min(max(self.kappa / TRUST_FULL, 0.0), 1.0))
 
+    def weight(self, fact_id: str) -> float:
+        """The weight of one fact's cue term: in full for a fact alone in its session, else :attr:`trust`."""
+        return 1.0 if fact_id in self.lone else self.trust
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "judged": self.judged,
@@ -88,6 +98,7 @@ class Alignment:
             "chance": round(self.chance, 2),
             "kappa": round(self.kappa, 3),
             "trust": round(self.trust, 3),
+            "lone_facts": len(self.lone),
         }
 
 
@@ -195,6 +206,7 @@ class CueTrust:
             if key:  # a fact with no session has no neighbours to be told apart from
                 by_session.setdefault(key, []).append(fact)
         groups = [g for g in by_session.values() if len(g) > 1]
+        lone = frozenset(g[0].id for g in by_session.values() if len(g) == 1)
         if len(groups) > MAX_SESSIONS:
             step = len(groups) / MAX_SESSIONS
             groups = [groups[int(i * step)] for i in range(MAX_SESSIONS)]
@@ -218,4 +230,5 @@ class CueTrust:
         for g in groups:
             sessions.append(list(range(at, at + len(g))))
             at += len(g)
-        return alignment(fact_vectors, sessions, {row: np.stack(v) for row, v in cue_vectors.items()})
+        found = alignment(fact_vectors, sessions, {row: np.stack(v) for row, v in cue_vectors.items()})
+        return replace(found, lone=lone) if found.trust < 1.0 else found  # only a partial trust needs them

@@ -190,3 +190,28 @@ def test_a_cue_index_that_fails_a_read_while_judging_leaves_the_cues_in_full_unt
     assert store.cue_alignment(U1) == Alignment()  # not judged, never raised: the cues count in full
     store.cues.vectors_for = real  # type: ignore[method-assign]
     assert store.cue_alignment(U1).trust == 0.0  # a failed judgement is not kept: judged again once it reads
+
+
+def test_a_fact_alone_in_its_session_keeps_its_cue_term_when_its_users_cues_are_mixed_up() -> None:
+    """PrefEval's shape: the stated preference alone in its session, long filler sessions whose cues
+    read as their neighbours'. The fillers' cue term drops out; the preference's was written with no
+    other fact beside it, so it counts in full."""
+    store, _ = wrapped()
+    facts = user_facts(U1)
+    alone = Fact(id="u1-alone", text="I never fly overnight", scope=U1, session_id="s-alone", position=0)
+    store.store.add_facts([alone])
+    cue = "booking a red-eye to the coast"
+    store.put_cues({**rotated(facts), alone.id: [cue, "a late departure home"]}, [*facts, alone])
+    found = store.cue_alignment(U1)
+    assert found.trust == 0.0 and found.lone == frozenset({alone.id})
+    assert found.weight(alone.id) == 1.0 and found.weight(facts[0].id) == 0.0
+    assert found.to_dict()["lone_facts"] == 1
+    hits = store.search_batch([cue], scope=U1, params=SearchParams(top_k=5, min_score=0.0))[0]
+    assert hits[0].fact.id == alone.id and hits[0].cue == cue  # found through its own cue
+    # the fillers' mixed-up cues still count for nothing: a neighbour holding a filler's cues is not lifted
+    target, neighbour = facts[2 * PER_SESSION], facts[3 * PER_SESSION - 1]
+    ids = [
+        h.fact.id
+        for h in store.search_batch([own_cues(target)[0]], scope=U1, params=SearchParams(top_k=5, min_score=0.0))[0]
+    ]
+    assert ids[0] == target.id and neighbour.id not in ids
