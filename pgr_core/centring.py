@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -40,7 +40,9 @@ if TYPE_CHECKING:
     from .embedders import Embedder
     from .store import Store
 
-__all__ = ["CentringUnavailable", "MemoryCentre", "centrable", "centred", "read_vectors"]
+__all__ = ["CentringUnavailable", "MemoryCentre", "PerScope", "centrable", "centred", "read_vectors"]
+
+T = TypeVar("T")
 
 _MAX_EMBEDDED = 2000  # a store that gives no vectors: the mean of an even sample of at most this many facts
 
@@ -64,6 +66,47 @@ def centrable(store: Any, embedder: Any = None) -> bool:
     return lists and (callable(getattr(store, "vectors_for", None)) or embedder is not None)
 
 
+class PerScope(Generic[T]):
+    """One value per scope, built on first use and dropped when a store reports a write in that scope
+    (:meth:`invalidate` is a store listener). Thread-safe; a value whose build started before a write
+    is returned but not kept; a build that raises keeps nothing. At most ``max_scopes`` are kept, least
+    recently used first out."""
+
+    def __init__(self, max_scopes: int = 256) -> None:
+        self.max_scopes = max_scopes
+        self._held: OrderedDict[Scope, T] = OrderedDict()
+        self._generation = 0
+        self._lock = threading.Lock()
+
+    def invalidate(self, scopes: Collection[Scope] | None = None) -> None:
+        """Forget every scope that can see a fact owned by ``scopes`` (all of them when None, or when an
+        owner cannot be matched). Never raises."""
+        with self._lock:
+            self._generation += 1  # a value being built now is not kept: what it read may be stale
+            try:
+                owners = None if scopes is None else list(scopes)
+                stale = [s for s in self._held if owners is None or any(s.allows(o) for o in owners)]
+            except Exception:
+                stale = list(self._held)
+            for scope in stale:
+                del self._held[scope]
+
+    def get(self, scope: Scope, build: Callable[[Scope], T]) -> T:
+        """``scope``'s value, built by ``build(scope)`` when not held."""
+        with self._lock:
+            if scope in self._held:
+                self._held.move_to_end(scope)
+                return self._held[scope]
+            generation = self._generation
+        value = build(scope)
+        with self._lock:
+            if self._generation == generation:  # no write meanwhile: keep it
+                self._held[scope] = value
+                while len(self._held) > self.max_scopes:
+                    self._held.popitem(last=False)
+        return value
+
+
 class MemoryCentre:
     """The mean unit vector of each scope's facts, and each fact's typicality against it.
 
@@ -77,23 +120,13 @@ class MemoryCentre:
         self.store = store
         self.embedder = embedder
         self.max_scopes = max_scopes
-        self._centres: OrderedDict[Scope, _Centre] = OrderedDict()
-        self._generation = 0
-        self._lock = threading.Lock()
+        self._centres: PerScope[_Centre] = PerScope(max_scopes)
         store.add_listener(self.invalidate)  # held weakly: dropping the PGR drops this
 
     def invalidate(self, scopes: Collection[Scope] | None = None) -> None:
         """Store listener: forget the mean of every scope that can see a fact owned by ``scopes`` (all of
         them when None, or when an owner cannot be matched). Never raises."""
-        with self._lock:
-            self._generation += 1  # a mean being built now is not kept: the facts it read may be stale
-            try:
-                owners = None if scopes is None else list(scopes)
-                stale = [s for s in self._centres if owners is None or any(s.allows(o) for o in owners)]
-            except Exception:
-                stale = list(self._centres)
-            for scope in stale:
-                del self._centres[scope]
+        self._centres.invalidate(scopes)
 
     def typicality(self, scope: Scope, fact_ids: Sequence[str], texts: Sequence[str]) -> dict[str, float]:
         """fact id -> its mean cosine to ``scope``'s facts. Raises :class:`CentringUnavailable`."""
@@ -112,11 +145,9 @@ class MemoryCentre:
     # ------------------------------------------------------------------ internals
 
     def _centre(self, scope: Scope) -> _Centre:
-        with self._lock:
-            if scope in self._centres:
-                self._centres.move_to_end(scope)
-                return self._centres[scope]
-            generation = self._generation
+        return self._centres.get(scope, self._build)
+
+    def _build(self, scope: Scope) -> _Centre:
         lister = getattr(self.store, "facts_for", None)
         if not callable(lister):
             raise CentringUnavailable(f"{type(self.store).__name__} cannot list a scope's facts (no facts_for)")
@@ -129,11 +160,6 @@ class MemoryCentre:
             vectors = self._vectors(scope, [f.id for f in facts], [f.text for f in facts])
             mean = vectors.mean(axis=0)
             centre = _Centre(mean, {f.id: float(v) for f, v in zip(facts, vectors @ mean, strict=True)})
-        with self._lock:
-            if self._generation == generation:  # no write meanwhile: keep it
-                self._centres[scope] = centre
-                while len(self._centres) > self.max_scopes:
-                    self._centres.popitem(last=False)
         return centre
 
     def _vectors(self, scope: Scope, ids: list[str], texts: list[str]) -> np.ndarray:

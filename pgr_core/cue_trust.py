@@ -28,15 +28,13 @@ in that scope, reading at most :data:`MAX_SESSIONS` sessions (an even sample) of
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .centring import CentringUnavailable, read_vectors
+from .centring import CentringUnavailable, PerScope, read_vectors
 from .types import Fact, Scope
 
 if TYPE_CHECKING:
@@ -152,23 +150,13 @@ class CueTrust:
         self.embedder = embedder
         self.cue_records = cue_records
         self.max_scopes = max_scopes
-        self._held: OrderedDict[Scope, Alignment] = OrderedDict()
-        self._generation = 0
-        self._lock = threading.Lock()
+        self._held: PerScope[Alignment] = PerScope(max_scopes)
         store.add_listener(self.invalidate)  # held weakly
         cues.add_listener(self.invalidate)
 
     def invalidate(self, scopes: Collection[Scope] | None = None) -> None:
         """Store listener: forget every scope that can see a fact owned by ``scopes``. Never raises."""
-        with self._lock:
-            self._generation += 1
-            try:
-                owners = None if scopes is None else list(scopes)
-                stale = [s for s in self._held if owners is None or any(s.allows(o) for o in owners)]
-            except Exception:
-                stale = list(self._held)
-            for scope in stale:
-                del self._held[scope]
+        self._held.invalidate(scopes)
 
     def trust(self, scope: Scope) -> float:
         """The weight of ``scope``'s cue term (see the module doc)."""
@@ -176,25 +164,18 @@ class CueTrust:
 
     def alignment(self, scope: Scope) -> Alignment:
         """``scope``'s cue sets judged; nothing judged (1.0 trust) where the vectors cannot be read."""
-        with self._lock:
-            if scope in self._held:
-                self._held.move_to_end(scope)
-                return self._held[scope]
-            generation = self._generation
         try:
-            found = self._judge(scope)
-        except CentringUnavailable as exc:
-            logger.debug("cue trust for %s not judged: %s", scope, exc)
-            found = Alignment()
+            return self._held.get(scope, self._judged)
         except Exception as exc:  # a store that fails a read here fails the search on its own; never this
             logger.warning("cue trust for %s not judged (the cues count in full): %s", scope, exc)
             return Alignment()  # not kept: judged again next time
-        with self._lock:
-            if self._generation == generation:  # no write meanwhile: keep it
-                self._held[scope] = found
-                while len(self._held) > self.max_scopes:
-                    self._held.popitem(last=False)
-        return found
+
+    def _judged(self, scope: Scope) -> Alignment:
+        try:
+            return self._judge(scope)
+        except CentringUnavailable as exc:
+            logger.debug("cue trust for %s not judged: %s", scope, exc)
+            return Alignment()
 
     def _judge(self, scope: Scope) -> Alignment:
         lister = getattr(self.store, "facts_for", None)
