@@ -146,29 +146,26 @@ def main() -> int:
             "own + 0.5*best, centred": own_c + 0.5 * best_c,
         }
 
-    # how often a fact's cues read as another fact's: the mean of its cue vectors closer to another fact
-    # of its session than to its own (a small model asked about a session at once mixes them up)
-    # (sessions grouped as a cue build groups them; a cued fact's cue centroid is centroid_v's row)
+    # how often a fact's cues read as another fact's (the mean of its cue vectors closer to another fact
+    # of its session than to its own), and each user's cue trust, as Anticipating judges them
+    # (pgr_core.cue_trust: sessions grouped as a cue build groups them, facts with no session left out)
     sessions: dict[tuple[object, str], list[int]] = {}
     for i, f in enumerate(facts):
-        sessions.setdefault((f.scope, session_of(f)), []).append(i)
-    closer_elsewhere = judged = 0
-    for members in (m for m in sessions.values() if len(m) > 1):
-        for i in (m for m in members if cues[m]):
-            judged += 1
-            closer_elsewhere += members[int(np.argmax(own_v[members] @ centroid_v[i]))] != i
-    print(f"cue sets closer to another fact of their session than to their own: {closer_elsewhere} of {judged}")
-    # each user's cue trust, as Anticipating judges it (pgr_core.cue_trust): the weight of the cue term
+        if session_of(f):
+            sessions.setdefault((f.scope, session_of(f)), []).append(i)
+    stacked = {i: np.stack([cue_v[c] for c in cs]) for i, cs in enumerate(cues) if cs}
     trust: dict[object, float] = {}
     aligned_by_scope: dict[str, dict[str, object]] = {}
+    judged = closer_elsewhere = 0
     for scope in centres:
-        members_of = [m for (s, key), m in sessions.items() if s == scope and key]
-        found = alignment(
-            own_v, members_of, {i: np.stack([cue_v[c] for c in cues[i]]) for i in range(len(facts)) if cues[i]}
-        )
+        found = alignment(own_v, [m for (s, _), m in sessions.items() if s == scope], stacked)
+        judged += found.judged
+        closer_elsewhere += found.judged - found.aligned
         trust[scope] = found.trust
         aligned_by_scope[str(scope)] = found.to_dict()
-        print(f"  {scope}: {found.to_dict()}")
+    print(f"cue sets closer to another fact of their session than to their own: {closer_elsewhere} of {judged}")
+    for scope, figures in aligned_by_scope.items():
+        print(f"  {scope}: {figures}")
     questions = [q for q in data.questions if q.gold]
     vectors = _unit(np.asarray(embedder.embed([q.question for q in questions]), dtype=np.float32))
     out: dict[str, dict[int, list[float]]] = {}

@@ -211,16 +211,15 @@ class Anticipating(AddsOneFact, Store):
         cosine = store.capabilities.cosine_scores and scoring == "max"
         self.capabilities = replace(store.capabilities, cosine_scores=cosine)  # type: ignore[misc]
         self.name = f"anticipating:{getattr(store, 'name', type(store).__name__)}"
-        # scoring="centred": the typicality of the scope's facts, and of its cues (each rebuilt on a write)
+        # scoring="centred": the typicality of the scope's facts, and of its cues, and how far the scope's
+        # cues point at their own fact (the cue term's weight); each rebuilt after a write in the scope
         self._centres: tuple[MemoryCentre, MemoryCentre] | None = None
+        self._trust: CueTrust | None = None
         if scoring == "centred":
             embedder = getattr(store, "embedder", None)
             self._centres = (MemoryCentre(store, embedder), MemoryCentre(self.cues, embedder))
-        # scoring="centred": how far each scope's cues point at their own fact (the cue term's weight)
-        self._trust: CueTrust | None = None
-        if scoring == "centred" and cue_trust:
-            embedder = getattr(store, "embedder", None)
-            self._trust = CueTrust(store, self.cues, embedder, self._cue_records)
+            if cue_trust:
+                self._trust = CueTrust(store, self.cues, embedder, self._cue_records)
 
     @staticmethod
     def _cue_index(store: Store, cues: Store | str | Path | None) -> Store:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -78,8 +79,8 @@ class Alignment:
             return 1.0
         return (self.aligned - self.chance) / (self.judged - self.chance)
 
-    @property
-    def trust(self) -> float:
+    @cached_property
+    def trust(self) -> float:  # read once per fact a search scores (weight): computed once
         """The weight of the cue term: 1 with too little to judge, else ``clip(kappa / TRUST_FULL, 0, 1)``."""
         if self.judged < MIN_JUDGED:
             return 1.0
@@ -149,7 +150,6 @@ class CueTrust:
         self.cues = cues
         self.embedder = embedder
         self.cue_records = cue_records
-        self.max_scopes = max_scopes
         self._held: PerScope[Alignment] = PerScope(max_scopes)
         store.add_listener(self.invalidate)  # held weakly
         cues.add_listener(self.invalidate)
@@ -157,10 +157,6 @@ class CueTrust:
     def invalidate(self, scopes: Collection[Scope] | None = None) -> None:
         """Store listener: forget every scope that can see a fact owned by ``scopes``. Never raises."""
         self._held.invalidate(scopes)
-
-    def trust(self, scope: Scope) -> float:
-        """The weight of ``scope``'s cue term (see the module doc)."""
-        return self.alignment(scope).trust
 
     def alignment(self, scope: Scope) -> Alignment:
         """``scope``'s cue sets judged; nothing judged (1.0 trust) where the vectors cannot be read."""
