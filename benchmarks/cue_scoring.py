@@ -20,6 +20,8 @@ ranked, and recall@10 / recall@20 averaged. The rules:
 - ``rrf(own, best)`` and ``rrf(own, best, expanded)``: reciprocal-rank fusion (k = 60) of the lists;
 - ``the cues' excess typicality taken off``: the max rule with each cue less how much more typical
   it is than the user's cues on average (the fact's own cosine left as it is);
+- ``own + trust*best``: ``Anticipating``'s default: the user's cue trust (``pgr_core.cue_trust``) weights
+  the cue term, in full for a fact alone in its session, and the sum is scaled to two terms' worth;
 - ``centred``: each similarity less its typicality (pgr's centring, ``pgr_core.centring``): a fact's
   text less its cosine to the mean of its user's fact vectors, a cue less its cosine to the mean of its
   user's cue vectors; ``max(own, w*best), centred`` is ``Anticipating``'s rule over centred scores.
@@ -141,7 +143,7 @@ def main() -> int:
             "max(own, 1.0*best), the cues' excess typicality taken off": np.maximum(own, best_s),
             "max(own, 1.0*best), centred": np.maximum(own_c, best_c),
             "own + best, centred (Anticipating, cue_trust=False)": own_c + best_c,
-            "own + trust*best, centred (Anticipating, the default)": own_c + trust[facts[idx[0]].scope] * best_c,
+            "own + trust*best, centred (Anticipating, the default)": trusted(idx, own_c, best_c),
             "own + 0.75*best, centred": own_c + 0.75 * best_c,
             "own + 0.5*best, centred": own_c + 0.5 * best_c,
         }
@@ -164,6 +166,14 @@ def main() -> int:
         trust[scope] = found.trust
         aligned_by_scope[str(scope)] = found.to_dict()
     print(f"cue sets closer to another fact of their session than to their own: {closer_elsewhere} of {judged}")
+    lone = {m[0] for m in sessions.values() if len(m) == 1}  # alone in its session: its cue term in full
+
+    def trusted(idx: list[int], own_c: np.ndarray, best_c: np.ndarray) -> np.ndarray:
+        """Anticipating's rule: 2 / (1 + w) x (own + w x cue), w the user's trust (1 for a lone fact)."""
+        t = trust[facts[idx[0]].scope]
+        w = np.array([1.0 if i in lone else t for i in idx])
+        return 2.0 / (1.0 + w) * (own_c + w * best_c)
+
     for scope, figures in aligned_by_scope.items():
         print(f"  {scope}: {figures}")
     questions = [q for q in data.questions if q.gold]
