@@ -6,6 +6,7 @@ build``), the vectors from the vector cache.
         --cue-cache .pgr-cache/cues.sqlite3 --model qwen [--vector-cache .pgr-cache/vectors] [--json out.json]
     python benchmarks/cue_scoring.py --set locomo --data ../shared/data/locomo --user conv-30 --cue-cache ...
     python benchmarks/cue_scoring.py ... --max-cues 1     # each fact's first cue only
+    python benchmarks/cue_scoring.py ... --floor 0.1 --floor 0.3   # other cue-trust floors beside the library's
     python benchmarks/cue_scoring.py ... --writer "qwen|cues-3c11e68363c3|4"   # an earlier prompt's build
 
 For each question with gold, every fact of its user is scored against the question alone (MiniLM
@@ -21,10 +22,16 @@ ranked, and recall@10 / recall@20 averaged. The rules:
 - ``the cues' excess typicality taken off``: the max rule with each cue less how much more typical
   it is than the user's cues on average (the fact's own cosine left as it is);
 - ``own + trust*best``: ``Anticipating``'s default: the user's cue trust (``pgr_core.cue_trust``) weights
-  the cue term, in full for a fact alone in its session, and the sum is scaled to two terms' worth;
+  the cue term (from ``TRUST_FLOOR`` at chance to 1), in full for a fact alone in its session, and the
+  sum is scaled to two terms' worth; "no floor" is the rule before, the cue term dropped at trust 0;
 - ``centred``: each similarity less its typicality (pgr's centring, ``pgr_core.centring``): a fact's
   text less its cosine to the mean of its user's fact vectors, a cue less its cosine to the mean of its
   user's cue vectors; ``max(own, w*best), centred`` is ``Anticipating``'s rule over centred scores.
+
+- the last four rows use the same cues beside their session, centred and summed: cues too close to
+  their own fact's text dropped; a fact whose cue set reads as another fact's given a smaller cue
+  weight (``2 / (1 + w) x (own + w x cue)``); each cue credited to the fact of its session nearest it as
+  well as to its own; cues filed under two or more facts of one session dropped.
 
 A fact the cache has no cues for is scored by its text alone in every rule. It also counts the cue sets
 that read as another fact's: the mean of a fact's cue vectors closer to another fact of its session
@@ -50,6 +57,9 @@ from pgr_core.evaluation import load_set
 from pgr_core.evaluation.cache import disk_cached_embedder
 from pgr_core.evaluation.metrics import recall_at
 
+NEAR_OWN = 0.6  # a cue this close (cosine) to its own fact's text reads as the fact restated
+MISFILED_WEIGHT = 0.3  # the cue term of a fact whose cue set reads as another fact's
+
 
 def _unit(a: np.ndarray) -> np.ndarray:
     return a / np.linalg.norm(a, axis=-1, keepdims=True)
@@ -70,6 +80,13 @@ def main() -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument(
         "--max-cues", type=int, default=None, help="keep only each fact's first N cues (what fewer cues would give)"
+    )
+    p.add_argument(
+        "--floor",
+        type=float,
+        action="append",
+        default=[],
+        help="also score with this cue-trust floor (the cue term's weight at chance; the library's is TRUST_FLOOR)",
     )
     p.add_argument("--cues-per-fact", type=int, default=DEFAULT_CUES, help="the build to read: cues asked per fact")
     p.add_argument(
@@ -144,8 +161,13 @@ def main() -> int:
             "max(own, 1.0*best), centred": np.maximum(own_c, best_c),
             "own + best, centred (Anticipating, cue_trust=False)": own_c + best_c,
             "own + trust*best, centred (Anticipating, the default)": trusted(idx, own_c, best_c),
+            "own + trust*best, centred, no floor (the cue term dropped at trust 0, the rule before)": trusted(
+                idx, own_c, best_c, floor=0.0
+            ),
+            **{f"own + trust*best, centred, floor {f}": trusted(idx, own_c, best_c, floor=f) for f in args.floor},
             "own + 0.75*best, centred": own_c + 0.75 * best_c,
             "own + 0.5*best, centred": own_c + 0.5 * best_c,
+            **variants(idx, own_c, centred_cue),
         }
 
     # how often a fact's cues read as another fact's (the mean of its cue vectors closer to another fact
@@ -156,23 +178,71 @@ def main() -> int:
         if session_of(f):
             sessions.setdefault((f.scope, session_of(f)), []).append(i)
     stacked = {i: np.stack([cue_v[c] for c in cs]) for i, cs in enumerate(cues) if cs}
-    trust: dict[object, float] = {}
+    trust: dict[object, float] = {}  # the cue term's weight (cue_trust's floor and slope)
+    judged_trust: dict[object, float] = {}  # the judged trust alone: 0 at chance
     aligned_by_scope: dict[str, dict[str, object]] = {}
     judged = closer_elsewhere = 0
     for scope in centres:
         found = alignment(own_v, [m for (s, _), m in sessions.items() if s == scope], stacked)
         judged += found.judged
         closer_elsewhere += found.judged - found.aligned
-        trust[scope] = found.trust
+        trust[scope] = found.cue_weight
+        judged_trust[scope] = found.trust
         aligned_by_scope[str(scope)] = found.to_dict()
     print(f"cue sets closer to another fact of their session than to their own: {closer_elsewhere} of {judged}")
     lone = {m[0] for m in sessions.values() if len(m) == 1}  # alone in its session: its cue term in full
 
-    def trusted(idx: list[int], own_c: np.ndarray, best_c: np.ndarray) -> np.ndarray:
-        """Anticipating's rule: 2 / (1 + w) x (own + w x cue), w the user's trust (1 for a lone fact)."""
-        t = trust[facts[idx[0]].scope]
+    def trusted(idx: list[int], own_c: np.ndarray, best_c: np.ndarray, floor: float | None = None) -> np.ndarray:
+        """Anticipating's rule: 2 / (1 + w) x (own + w x cue), w the user's cue weight (1 for a lone fact)."""
+        scope = facts[idx[0]].scope
+        t = trust[scope] if floor is None else floor + (1.0 - floor) * judged_trust[scope]
         w = np.array([1.0 if i in lone else t for i in idx])
         return 2.0 / (1.0 + w) * (own_c + w * best_c)
+
+    # what each cue is beside its session: too close to its own fact's text, filed under two or more
+    # facts of the session, or nearer another fact of the session than its own; and each cue set's
+    # alignment (cue_trust's rule, per fact)
+    session_key = {i: key for key, members in sessions.items() for i in members}
+    mates = {i: sessions[session_key[i]] if i in session_key else [i] for i in range(len(facts))}
+    filed: dict[tuple[object, str], set[int]] = {}
+    for i, cs in enumerate(cues):
+        for c in cs:
+            filed.setdefault((session_key.get(i, i), c.lower()), set()).add(i)
+    near_own = {(i, c) for i, cs in enumerate(cues) for c in cs if float(cue_v[c] @ own_v[i]) > NEAR_OWN}
+    shared = {(i, c) for i, cs in enumerate(cues) for c in cs if len(filed[(session_key.get(i, i), c.lower())]) > 1}
+    nearest = {(i, c): max(mates[i], key=lambda m: float(own_v[m] @ cue_v[c])) for i, cs in enumerate(cues) for c in cs}
+    own_set = {i: max(mates[i], key=lambda m: float(own_v[m] @ stacked[i].mean(0))) == i for i in stacked}
+
+    def variants(idx: list[int], own_c: np.ndarray, centred_cue: Callable[[str], float]) -> dict[str, np.ndarray]:
+        """Other ways to use the same cues beside their session (centred, summed as Anticipating does)."""
+        at = {i: j for j, i in enumerate(idx)}
+
+        def best(keep: Callable[[int, str], bool], credit_nearest: bool = False) -> np.ndarray:
+            out = own_c.copy()  # a fact left with no cue: its own term, as a fact without cues
+            seen = np.zeros(len(idx), dtype=bool)
+            for i in idx:
+                for c in cues[i]:
+                    if not keep(i, c):
+                        continue
+                    for target in {i, nearest[(i, c)]} if credit_nearest else {i}:
+                        j, v = at[target], centred_cue(c)
+                        if not seen[j] or v > out[j]:
+                            out[j], seen[j] = v, True
+            return out
+
+        every = best(lambda i, c: True)
+        w = np.array([1.0 if own_set.get(i, True) else MISFILED_WEIGHT for i in idx])
+        return {
+            f"own + best, centred, cues closer than {NEAR_OWN} to their own fact dropped": own_c
+            + best(lambda i, c: (i, c) not in near_own),
+            f"own + best, centred, a cue set closer to another fact weighted {MISFILED_WEIGHT}": 2.0
+            / (1.0 + w)
+            * (own_c + w * every),
+            "own + best, centred, each cue credited to the session's fact nearest it too": own_c
+            + best(lambda i, c: True, credit_nearest=True),
+            "own + best, centred, cues filed under two or more facts of a session dropped": own_c
+            + best(lambda i, c: (i, c) not in shared),
+        }
 
     for scope, figures in aligned_by_scope.items():
         print(f"  {scope}: {figures}")

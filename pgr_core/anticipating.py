@@ -170,9 +170,10 @@ class Anticipating(AddsOneFact, Store):
     - ``cue_trust``: under ``scoring="centred"``, the cue term is weighted by how far the scope's cues
       point at their own fact rather than at another fact of the session they were written in
       (:mod:`pgr_core.cue_trust`, no LLM, one figure per scope kept until a write there): in full
-      where they do (MQ-lite), not at all where they tell their facts apart no better than chance
-      (LoCoMo's chat turns with the local model), and then the cue index is not read; a fact alone in
-      its session keeps its cue term in full (its cues were written with no other fact beside it).
+      where they do (MQ-lite), at :data:`~pgr_core.cue_trust.TRUST_FLOOR` (0.2) where they tell their
+      facts apart no better than chance (LoCoMo's chat turns with the local model: a misfiled cue still
+      speaks of its session's subject); a fact alone in its session keeps its cue term in full (its
+      cues were written with no other fact beside it).
       A fact's score is ``2 / (1 + w) x (own term + w x cue term)`` for a cue weight ``w``: the sum
       above at ``w = 1``, twice its own term at ``w = 0``. ``False``: always in full.
     - ``writer``: a :class:`CueWriter`; with it, every fact written through the wrapper gets cues at
@@ -334,7 +335,7 @@ class Anticipating(AddsOneFact, Store):
         depth = max(params.top_k, CENTRED_DEPTH)
         judged = self._trust.alignment(scope) if self._trust is not None else Alignment()
         base = self.store._checked_search(probes, scope, SearchParams(top_k=depth, min_score=0.0, window=0))
-        read_cues = judged.trust > 0.0 or bool(judged.lone)
+        read_cues = judged.cue_weight > 0.0 or bool(judged.lone)
         if read_cues:
             wide = SearchParams(top_k=depth * self.cue_depth, min_score=0.0, window=0)
             by_cue = self.cues._checked_search(probes, scope, wide)
@@ -362,7 +363,7 @@ class Anticipating(AddsOneFact, Store):
         # a fact with no cues at all (not written yet, or failed) is not marked down for it: its own term
         # stands for its cue term too, as if its text were its one cue (one lookup for the whole call)
         uncued = list(dict.fromkeys(f for _, cue, eligible in read for f in eligible if f not in cue))
-        cued = self._cued(uncued, scope) if read_cues else set()  # at trust 0 the cue index is not read
+        cued = self._cued(uncued, scope) if read_cues else set()  # at cue weight 0 the cue index is not read
         merged: list[list[tuple[float, Fact | str, str | None]]] = []
         raws: list[dict[str, float]] = []  # per probe: fact id -> the cosines behind its centred sum
         missing: dict[str, None] = {}

@@ -285,7 +285,8 @@ def _trust_line(trust: dict[str, Any]) -> str:
         return "cue trust 1 (no session of two or more cued facts to judge)"
     return (
         f"cue trust {trust['trust']:.2f} ({trust['aligned']} of {trust['judged']} cue sets closest to their own "
-        f"fact of their session, {trust['chance']:.0f} by chance; kappa {trust['kappa']:.2f})"
+        f"fact of their session, {trust['chance']:.0f} by chance; kappa {trust['kappa']:.2f}; "
+        f"cue term weighted {trust['cue_weight']:.2f})"
     )
 
 

@@ -10,16 +10,19 @@ recall (benchmarks/RESULTS.md). This module measures it per scope, with no LLM:
 - picking a session's fact at random would align ``1/n`` of the time in a session of ``n`` facts, so
   the measure is chance-corrected: ``kappa = (aligned - chance) / (judged - chance)`` (0 when the cues
   tell their facts apart no better than chance, 1 when always);
-- ``trust = clip(kappa / TRUST_FULL, 0, 1)``: the weight ``Anticipating`` gives the cue term of a
-  fact's centred score in that scope. With fewer than :data:`MIN_JUDGED` cue sets in sessions of two
+- ``trust = clip(kappa / TRUST_FULL, 0, 1)``; the cue term of a fact's centred score in that scope is
+  weighted ``TRUST_FLOOR + (1 - TRUST_FLOOR) x trust`` (:attr:`Alignment.cue_weight`): a cue set filed
+  under the wrong fact of its session still speaks of that session's subject, so at chance the cues
+  keep a small weight rather than none. With fewer than :data:`MIN_JUDGED` cue sets in sessions of two
   or more facts there is too little to judge, and the cues count in full.
 - a fact alone in its session had its cues written with no other fact beside it, so they cannot be
   another fact's: its cue term always counts in full (PrefEval's stated preference, alone in its
   session among long filler conversations whose turns' cues are mixed up).
 
 Measured with the local model's cues (RESULTS.md): MQ-lite dev users kappa 0.42 to 0.47 (trust 1),
-LoCoMo conv-30 kappa -0.003 (trust 0: the cue term drops out and the ranking is the fact's own),
-PrefEval's filler turns -0.06 to -0.02 (trust 0, but the preference, alone in its session, keeps its cues).
+LoCoMo conv-30 kappa -0.003 (trust 0: the cue term weighted 0.2; 0.566 at recall@20 against 0.515
+with it dropped and 0.492 plain), PrefEval's filler turns -0.06 to -0.02 (trust 0, the fillers' cue term
+weighted 0.2, the preference, alone in its session, keeping its cues in full).
 
 :class:`CueTrust` keeps one figure per scope, rebuilt after a write to the store or to the cue index
 in that scope, reading at most :data:`MAX_SESSIONS` sessions (an even sample) of the scope's facts.
@@ -42,12 +45,26 @@ if TYPE_CHECKING:
     from .embedders import Embedder
     from .store import Store
 
-__all__ = ["MAX_SESSIONS", "MIN_JUDGED", "TRUST_FULL", "Alignment", "CueTrust", "alignment", "session_of"]
+__all__ = [
+    "MAX_SESSIONS",
+    "MIN_JUDGED",
+    "TRUST_FLOOR",
+    "TRUST_FULL",
+    "Alignment",
+    "CueTrust",
+    "alignment",
+    "session_of",
+]
 
 logger = logging.getLogger("pgr")
 
 TRUST_FULL = 0.2
 """Chance-corrected alignment at and above which a scope's cues count in full."""
+TRUST_FLOOR = 0.2
+"""The cue term's weight in a scope whose cues tell their facts apart no better than chance: a cue set
+filed under the wrong fact of a session still speaks of that session's subject, so it is kept at a
+small weight rather than dropped (LoCoMo conv-30, RESULTS.md: 0.515 at recall@20 with the cue term
+dropped, about 0.57 with it weighted 0.1 to 0.3)."""
 MIN_JUDGED = 12
 """Fewer cue sets than this in sessions of two or more facts: too little to judge, the cues count in full."""
 MAX_SESSIONS = 300
@@ -86,9 +103,15 @@ class Alignment:
             return 1.0
         return float(min(max(self.kappa / TRUST_FULL, 0.0), 1.0))
 
+    @cached_property
+    def cue_weight(self) -> float:
+        """The weight of the cue term of a fact that shares its session: :data:`TRUST_FLOOR` at trust 0,
+        rising linearly with :attr:`trust` to 1."""
+        return TRUST_FLOOR + (1.0 - TRUST_FLOOR) * self.trust
+
     def weight(self, fact_id: str) -> float:
-        """The weight of one fact's cue term: in full for a fact alone in its session, else :attr:`trust`."""
-        return 1.0 if fact_id in self.lone else self.trust
+        """The weight of one fact's cue term: in full for a fact alone in its session, else :attr:`cue_weight`."""
+        return 1.0 if fact_id in self.lone else self.cue_weight
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +120,7 @@ class Alignment:
             "chance": round(self.chance, 2),
             "kappa": round(self.kappa, 3),
             "trust": round(self.trust, 3),
+            "cue_weight": round(self.cue_weight, 3),
             "lone_facts": len(self.lone),
         }
 

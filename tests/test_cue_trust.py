@@ -1,5 +1,6 @@
 """Cue trust: a scope whose cues point at their own fact keeps the cue term in full; one whose cues read
-as their session neighbours' (what the local model wrote for LoCoMo's chat turns) drops it."""
+as their session neighbours' (what the local model wrote for LoCoMo's chat turns) keeps it at
+TRUST_FLOOR only."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 import pgr_core.cue_trust as cue_trust
 from pgr_core import Anticipating, Fact, HashingEmbedder, InMemoryStore, Scope
-from pgr_core.cue_trust import MIN_JUDGED, TRUST_FULL, Alignment, alignment
+from pgr_core.cue_trust import MIN_JUDGED, TRUST_FLOOR, TRUST_FULL, Alignment, alignment
 from pgr_core.types import SearchParams
 
 U1 = Scope(user_id="u1")
@@ -84,6 +85,13 @@ def test_alignment_is_chance_corrected_and_trust_needs_enough_judged() -> None:
     assert Alignment(MIN_JUDGED, 5, chance).trust == pytest.approx(kappa / TRUST_FULL)
     assert Alignment(MIN_JUDGED, 0, chance).trust == 0.0
     assert Alignment(MIN_JUDGED, MIN_JUDGED, chance).trust == 1.0
+    # the cue term's weight: TRUST_FLOOR at chance or below, rising with the trust to 1
+    assert 0.0 < TRUST_FLOOR < 1.0
+    assert Alignment(MIN_JUDGED, 0, chance).cue_weight == pytest.approx(TRUST_FLOOR)
+    partial = TRUST_FLOOR + (1 - TRUST_FLOOR) * kappa / TRUST_FULL
+    assert Alignment(MIN_JUDGED, 5, chance).cue_weight == pytest.approx(partial)
+    assert Alignment(MIN_JUDGED, MIN_JUDGED, chance).cue_weight == 1.0
+    assert Alignment().cue_weight == 1.0  # nothing judged: in full
 
 
 def test_cues_that_point_at_their_own_fact_count_in_full() -> None:
@@ -96,20 +104,45 @@ def test_cues_that_point_at_their_own_fact_count_in_full() -> None:
     assert store.cue_alignment({"user_id": "u1"}) == found  # a mapping scope reads the same
 
 
-def test_cues_that_read_as_a_neighbours_drop_out_and_the_cue_index_is_not_searched() -> None:
+def mixed_up() -> tuple[list[Fact], Fact, Fact, str, SearchParams]:
+    """A user whose every cue set is its session neighbour's; a probe that is the target's own cue."""
     facts = user_facts(U1)
     # the third session's first fact; its neighbour holds its cues once rotated
     target, neighbour = facts[2 * PER_SESSION], facts[3 * PER_SESSION - 1]
-    probe = own_cues(target)[0]
-    params = SearchParams(top_k=5, min_score=0.0)
+    return facts, target, neighbour, own_cues(target)[0], SearchParams(top_k=5, min_score=0.0)
 
+
+def test_cues_that_read_as_a_neighbours_count_at_the_floor_only() -> None:
+    facts, target, neighbour, probe, params = mixed_up()
     blind, _ = wrapped(cue_trust_on=False)
     blind.put_cues(rotated(facts), facts)
-    trusting, inner = wrapped()
+    trusting, _ = wrapped()
     trusting.put_cues(rotated(facts), facts)
     found = trusting.cue_alignment(U1)
     assert found.judged == len(facts) and found.aligned == 0 and found.trust == 0.0
+    assert found.cue_weight == pytest.approx(TRUST_FLOOR) and found.weight(facts[0].id) == found.cue_weight
+    assert found.to_dict()["cue_weight"] == round(TRUST_FLOOR, 3)
+    blind_hits = blind.search_batch([probe], scope=U1, params=params)[0]
+    hits = trusting.search_batch([probe], scope=U1, params=params)[0]
+    # the blind rule lifts the neighbour that holds the target's cues to second, ahead of every other fact
+    assert [h.fact.id for h in blind_hits[:2]] == [target.id, neighbour.id]
+    # at the floor the target still comes first, found by its own text, and the neighbour is not lifted
+    assert hits[0].fact.id == target.id and hits[0].cue is None
+    ids = [h.fact.id for h in hits]
+    assert neighbour.id not in ids[:2]
+    lead = {h.fact.id: h.score for h in hits}
+    blind_lead = {h.fact.id: h.score for h in blind_hits}
+    assert lead[target.id] - lead.get(neighbour.id, -1.0) > blind_lead[target.id] - blind_lead[neighbour.id]
 
+
+def test_at_a_floor_of_zero_mixed_up_cues_drop_out_and_the_cue_index_is_not_searched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cue_trust, "TRUST_FLOOR", 0.0)
+    facts, target, neighbour, probe, params = mixed_up()
+    trusting, inner = wrapped()
+    trusting.put_cues(rotated(facts), facts)
+    assert trusting.cue_alignment(U1).cue_weight == 0.0
     calls: list[int] = []
     searched = trusting.cues._checked_search
 
@@ -120,11 +153,8 @@ def test_cues_that_read_as_a_neighbours_drop_out_and_the_cue_index_is_not_search
     trusting.cues._checked_search = spy  # type: ignore[method-assign]
     trusting.cues.get_many = lambda *a, **k: calls.append(2) or {}  # type: ignore[method-assign]
     trusted = [h.fact.id for h in trusting.search_batch([probe], scope=U1, params=params)[0]]
-    assert calls == []  # the cue index is not read for a scope whose cues carry nothing
-    blind_ids = [h.fact.id for h in blind.search_batch([probe], scope=U1, params=params)[0]]
-    # the blind rule lifts the neighbour that holds the target's cues to second, ahead of every other fact
-    assert blind_ids[:2] == [target.id, neighbour.id]
-    # trusting, the ranking is the facts' own: what a store with no cues at all gives
+    assert calls == []  # the cue index is not read for a scope whose cues weigh nothing
+    # the ranking is the facts' own: what a store with no cues at all gives
     uncued = Anticipating(inner, scoring="centred", cues=InMemoryStore(embedder=HashingEmbedder(dim=1024)))
     assert trusted == [h.fact.id for h in uncued.search_batch([probe], scope=U1, params=params)[0]]
     assert trusted[0] == target.id and neighbour.id not in trusted
@@ -204,14 +234,14 @@ def test_a_fact_alone_in_its_session_keeps_its_cue_term_when_its_users_cues_are_
     store.put_cues({**rotated(facts), alone.id: [cue, "a late departure home"]}, [*facts, alone])
     found = store.cue_alignment(U1)
     assert found.trust == 0.0 and found.lone == frozenset({alone.id})
-    assert found.weight(alone.id) == 1.0 and found.weight(facts[0].id) == 0.0
+    assert found.weight(alone.id) == 1.0 and found.weight(facts[0].id) == pytest.approx(TRUST_FLOOR)
     assert found.to_dict()["lone_facts"] == 1
     hits = store.search_batch([cue], scope=U1, params=SearchParams(top_k=5, min_score=0.0))[0]
     assert hits[0].fact.id == alone.id and hits[0].cue == cue  # found through its own cue
-    # the fillers' mixed-up cues still count for nothing: a neighbour holding a filler's cues is not lifted
+    # the fillers' mixed-up cues count at the floor only: a neighbour holding a filler's cues is not lifted
     target, neighbour = facts[2 * PER_SESSION], facts[3 * PER_SESSION - 1]
     ids = [
         h.fact.id
         for h in store.search_batch([own_cues(target)[0]], scope=U1, params=SearchParams(top_k=5, min_score=0.0))[0]
     ]
-    assert ids[0] == target.id and neighbour.id not in ids
+    assert ids[0] == target.id and neighbour.id not in ids[:2]

@@ -172,7 +172,7 @@ def with_cues(
     )
     if wrapped.judges_cues:
         trusts = ", ".join(
-            f"{user} {t['trust']:.2f} (kappa {t['kappa']:.2f}, {t['judged']} judged)"
+            f"{user} {t['cue_weight']:.2f} (trust {t['trust']:.2f}, kappa {t['kappa']:.2f}, {t['judged']} judged)"
             if t["judged"]
             else f"{user} 1 (none to judge)"
             for user, t in summary["trust"].items()
