@@ -195,7 +195,7 @@ def main() -> int:
     def trusted(idx: list[int], own_c: np.ndarray, best_c: np.ndarray, floor: float | None = None) -> np.ndarray:
         """Anticipating's rule: 2 / (1 + w) x (own + w x cue), w the user's cue weight (1 for a lone fact)."""
         scope = facts[idx[0]].scope
-        t = trust[scope] if floor is None else floor + (1.0 - floor) * judged_trust[scope]
+        t = trust[scope] if floor is None else max(floor, judged_trust[scope])
         w = np.array([1.0 if i in lone else t for i in idx])
         return 2.0 / (1.0 + w) * (own_c + w * best_c)
 

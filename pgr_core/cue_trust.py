@@ -11,7 +11,7 @@ recall (benchmarks/RESULTS.md). This module measures it per scope, with no LLM:
   the measure is chance-corrected: ``kappa = (aligned - chance) / (judged - chance)`` (0 when the cues
   tell their facts apart no better than chance, 1 when always);
 - ``trust = clip(kappa / TRUST_FULL, 0, 1)``; the cue term of a fact's centred score in that scope is
-  weighted ``TRUST_FLOOR + (1 - TRUST_FLOOR) x trust`` (:attr:`Alignment.cue_weight`): a cue set filed
+  weighted ``max(TRUST_FLOOR, trust)`` (:attr:`Alignment.cue_weight`): a cue set filed
   under the wrong fact of its session still speaks of that session's subject, so at chance the cues
   keep a small weight rather than none. With fewer than :data:`MIN_JUDGED` cue sets in sessions of two
   or more facts there is too little to judge, and the cues count in full.
@@ -21,7 +21,7 @@ recall (benchmarks/RESULTS.md). This module measures it per scope, with no LLM:
 
 Measured with the local model's cues (RESULTS.md): MQ-lite dev users kappa 0.42 to 0.47 (trust 1),
 LoCoMo conv-30 kappa -0.003 (trust 0: the cue term weighted 0.2; 0.566 at recall@20 against 0.515
-with it dropped and 0.492 plain), PrefEval's filler turns -0.06 to -0.02 (trust 0, the fillers' cue term
+with it dropped and 0.492 plain), conv-26 kappa 0.031 (0.596 against 0.572 plain), PrefEval's filler turns -0.06 to -0.02 (trust 0, the fillers' cue term
 weighted 0.2, the preference, alone in its session, keeping its cues in full).
 
 :class:`CueTrust` keeps one figure per scope, rebuilt after a write to the store or to the cue index
@@ -105,9 +105,9 @@ class Alignment:
 
     @cached_property
     def cue_weight(self) -> float:
-        """The weight of the cue term of a fact that shares its session: :data:`TRUST_FLOOR` at trust 0,
-        rising linearly with :attr:`trust` to 1."""
-        return TRUST_FLOOR + (1.0 - TRUST_FLOOR) * self.trust
+        """The weight of the cue term of a fact that shares its session: :attr:`trust`, never below
+        :data:`TRUST_FLOOR`."""
+        return max(TRUST_FLOOR, self.trust)
 
     def weight(self, fact_id: str) -> float:
         """The weight of one fact's cue term: in full for a fact alone in its session, else :attr:`cue_weight`."""

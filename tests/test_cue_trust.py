@@ -85,11 +85,13 @@ def test_alignment_is_chance_corrected_and_trust_needs_enough_judged() -> None:
     assert Alignment(MIN_JUDGED, 5, chance).trust == pytest.approx(kappa / TRUST_FULL)
     assert Alignment(MIN_JUDGED, 0, chance).trust == 0.0
     assert Alignment(MIN_JUDGED, MIN_JUDGED, chance).trust == 1.0
-    # the cue term's weight: TRUST_FLOOR at chance or below, rising with the trust to 1
+    # the cue term's weight: the trust, never below TRUST_FLOOR
     assert 0.0 < TRUST_FLOOR < 1.0
     assert Alignment(MIN_JUDGED, 0, chance).cue_weight == pytest.approx(TRUST_FLOOR)
-    partial = TRUST_FLOOR + (1 - TRUST_FLOOR) * kappa / TRUST_FULL
-    assert Alignment(MIN_JUDGED, 5, chance).cue_weight == pytest.approx(partial)
+    assert Alignment(MIN_JUDGED, 5, chance).cue_weight == pytest.approx(kappa / TRUST_FULL)  # above the floor
+    low, mid = Alignment(100, 51, 50.0), Alignment(100, 53, 50.0)  # kappa 0.02 and 0.06
+    assert low.trust == pytest.approx(0.1) and low.cue_weight == pytest.approx(TRUST_FLOOR)
+    assert mid.trust == pytest.approx(0.3) and mid.cue_weight == pytest.approx(0.3)
     assert Alignment(MIN_JUDGED, MIN_JUDGED, chance).cue_weight == 1.0
     assert Alignment().cue_weight == 1.0  # nothing judged: in full
 
