@@ -22,7 +22,7 @@ ranked, and recall@10 / recall@20 averaged. The rules:
 - ``the cues' excess typicality taken off``: the max rule with each cue less how much more typical
   it is than the user's cues on average (the fact's own cosine left as it is);
 - ``own + trust*best``: ``Anticipating``'s default: the user's cue trust (``pgr_core.cue_trust``) weights
-  the cue term (from ``TRUST_FLOOR`` at chance to 1), in full for a fact alone in its session, and the
+  the cue term (``max(TRUST_FLOOR, trust)``), in full for a fact alone in its session, and the
   sum is scaled to two terms' worth; "no floor" is the rule before, the cue term dropped at trust 0;
 - ``centred``: each similarity less its typicality (pgr's centring, ``pgr_core.centring``): a fact's
   text less its cosine to the mean of its user's fact vectors, a cue less its cosine to the mean of its
@@ -86,7 +86,7 @@ def main() -> int:
         type=float,
         action="append",
         default=[],
-        help="also score with this cue-trust floor (the cue term's weight at chance; the library's is TRUST_FLOOR)",
+        help="also score with the cue term weighted max(F, trust) (the library's floor F is TRUST_FLOOR)",
     )
     p.add_argument("--cues-per-fact", type=int, default=DEFAULT_CUES, help="the build to read: cues asked per fact")
     p.add_argument(
@@ -178,7 +178,7 @@ def main() -> int:
         if session_of(f):
             sessions.setdefault((f.scope, session_of(f)), []).append(i)
     stacked = {i: np.stack([cue_v[c] for c in cs]) for i, cs in enumerate(cues) if cs}
-    trust: dict[object, float] = {}  # the cue term's weight (cue_trust's floor and slope)
+    trust: dict[object, float] = {}  # the cue term's weight (Alignment.cue_weight: the trust, never below the floor)
     judged_trust: dict[object, float] = {}  # the judged trust alone: 0 at chance
     aligned_by_scope: dict[str, dict[str, object]] = {}
     judged = closer_elsewhere = 0
