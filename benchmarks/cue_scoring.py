@@ -167,7 +167,7 @@ def main() -> int:
             **{f"own + trust*best, centred, floor {f}": trusted(idx, own_c, best_c, floor=f) for f in args.floor},
             "own + 0.75*best, centred": own_c + 0.75 * best_c,
             "own + 0.5*best, centred": own_c + 0.5 * best_c,
-            **variants(idx, own_c, centred_cue),
+            **variants(idx, own_c, best_c, centred_cue),
         }
 
     # how often a fact's cues read as another fact's (the mean of its cue vectors closer to another fact
@@ -178,7 +178,7 @@ def main() -> int:
         if session_of(f):
             sessions.setdefault((f.scope, session_of(f)), []).append(i)
     stacked = {i: np.stack([cue_v[c] for c in cs]) for i, cs in enumerate(cues) if cs}
-    trust: dict[object, float] = {}  # the cue term's weight (Alignment.cue_weight: the trust, never below the floor)
+    weight: dict[object, float] = {}  # the cue term's weight (Alignment.cue_weight: the trust, never below the floor)
     judged_trust: dict[object, float] = {}  # the judged trust alone: 0 at chance
     aligned_by_scope: dict[str, dict[str, object]] = {}
     judged = closer_elsewhere = 0
@@ -186,7 +186,7 @@ def main() -> int:
         found = alignment(own_v, [m for (s, _), m in sessions.items() if s == scope], stacked)
         judged += found.judged
         closer_elsewhere += found.judged - found.aligned
-        trust[scope] = found.cue_weight
+        weight[scope] = found.cue_weight
         judged_trust[scope] = found.trust
         aligned_by_scope[str(scope)] = found.to_dict()
     print(f"cue sets closer to another fact of their session than to their own: {closer_elsewhere} of {judged}")
@@ -195,7 +195,7 @@ def main() -> int:
     def trusted(idx: list[int], own_c: np.ndarray, best_c: np.ndarray, floor: float | None = None) -> np.ndarray:
         """Anticipating's rule: 2 / (1 + w) x (own + w x cue), w the user's cue weight (1 for a lone fact)."""
         scope = facts[idx[0]].scope
-        t = trust[scope] if floor is None else max(floor, judged_trust[scope])
+        t = weight[scope] if floor is None else max(floor, judged_trust[scope])
         w = np.array([1.0 if i in lone else t for i in idx])
         return 2.0 / (1.0 + w) * (own_c + w * best_c)
 
@@ -213,7 +213,9 @@ def main() -> int:
     nearest = {(i, c): max(mates[i], key=lambda m: float(own_v[m] @ cue_v[c])) for i, cs in enumerate(cues) for c in cs}
     own_set = {i: max(mates[i], key=lambda m: float(own_v[m] @ stacked[i].mean(0))) == i for i in stacked}
 
-    def variants(idx: list[int], own_c: np.ndarray, centred_cue: Callable[[str], float]) -> dict[str, np.ndarray]:
+    def variants(
+        idx: list[int], own_c: np.ndarray, best_c: np.ndarray, centred_cue: Callable[[str], float]
+    ) -> dict[str, np.ndarray]:
         """Other ways to use the same cues beside their session (centred, summed as Anticipating does)."""
         at = {i: j for j, i in enumerate(idx)}
 
@@ -230,14 +232,13 @@ def main() -> int:
                             out[j], seen[j] = v, True
             return out
 
-        every = best(lambda i, c: True)
         w = np.array([1.0 if own_set.get(i, True) else MISFILED_WEIGHT for i in idx])
         return {
             f"own + best, centred, cues closer than {NEAR_OWN} to their own fact dropped": own_c
             + best(lambda i, c: (i, c) not in near_own),
             f"own + best, centred, a cue set closer to another fact weighted {MISFILED_WEIGHT}": 2.0
             / (1.0 + w)
-            * (own_c + w * every),
+            * (own_c + w * best_c),
             "own + best, centred, each cue credited to the session's fact nearest it too": own_c
             + best(lambda i, c: True, credit_nearest=True),
             "own + best, centred, cues filed under two or more facts of a session dropped": own_c
