@@ -28,7 +28,15 @@ from .hygiene import Hygiene
 from .llm import LLM, Completion, OpenAICompatible, llm_from_env
 from .memory import InMemoryStore
 from .policy import PGR, Answer, PGRConfig
-from .prospectors import DIMENSIONS, FacetProspector, LLMProspector, NoProspection, Prospection, Prospector
+from .prospectors import (
+    DIMENSIONS,
+    FacetProspector,
+    FeedbackProspector,
+    LLMProspector,
+    NoProspection,
+    Prospection,
+    Prospector,
+)
 from .store import Store
 from .trace import DroppedProbe, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
 from .types import Budget, Capabilities, Fact, Hit, Scope, SearchParams
@@ -50,6 +58,7 @@ __all__ = [
     "Embedder",
     "FacetProspector",
     "Fact",
+    "FeedbackProspector",
     "FoundFact",
     "HashingEmbedder",
     "Hit",

@@ -324,10 +324,11 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--strategy",
-        choices=["tot", "cot", "facet", "none"],
+        choices=["tot", "cot", "facet", "feedback", "none"],
         default=None,
         help="prospection (default: tot with an LLM; without one, none: the query's own list, "
-        "except in the demo, which shows facet)",
+        "except in the demo, which shows facet; feedback: one LLM-free round, the request joined to its "
+        "first hits)",
     )
     add_llm_options(p, no_llm=True)
     p.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
@@ -617,8 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--methods",
         default="query-only,pgr-facet",
-        help="comma-separated: query-only, pgr-none, pgr-facet, pgr-cot, pgr-tot, query-fusion, hyde, mem0; +wN adds "
-        "a temporal window (e.g. query-only+w1)",
+        help="comma-separated: query-only, pgr-none, pgr-feedback, pgr-facet, pgr-cot, pgr-tot, query-fusion, hyde, "
+        "mem0; +wN adds a temporal window (e.g. query-only+w1)",
     )
     ev.add_argument("--limit", type=positive_int, default=None, help="the first N questions (after --every)")
     ev.add_argument("--every", type=positive_int, default=1, help="every k-th question: a spread sample")

@@ -45,6 +45,7 @@ from .llm import LLM
 from .prompts import render
 from .prospectors import (
     FacetProspector,
+    FeedbackProspector,
     LLMProspector,
     NoProspection,
     Prospection,
@@ -53,7 +54,16 @@ from .prospectors import (
     quoted,
     tidy_summary,
 )
-from .ranking import QUERY_SIDE, choose, earned_order, fused_order, llm_order, scored_order, shared_order
+from .ranking import (
+    QUERY_SIDE,
+    choose,
+    earned_order,
+    fused_order,
+    llm_order,
+    scored_order,
+    shared_order,
+    summed_order,
+)
 from .savings import Savings, cut_hits
 from .store import Store
 from .telemetry import Telemetry
@@ -88,7 +98,11 @@ def _strategy_prospector(strategy: str | Prospector | None, llm: LLM | None) -> 
         return FacetProspector()
     if strategy == "none":
         return NoProspection()
-    raise InvalidArgumentError(f"unknown strategy {strategy!r}: use 'tot', 'cot', 'facet', 'none' or a Prospector")
+    if strategy == "feedback":
+        return FeedbackProspector()
+    raise InvalidArgumentError(
+        f"unknown strategy {strategy!r}: use 'tot', 'cot', 'facet', 'feedback', 'none' or a Prospector"
+    )
 
 
 def _renumbered(steps: Sequence[Step], round_index: int) -> list[Step]:
@@ -360,6 +374,9 @@ class PGR(Savings, Drivers):
                 if p.trace.adaptive.skipped:
                     self._keep_query_hits(p, *lookup)
                     return
+        if isinstance(self.prospector, FeedbackProspector):
+            yield from self._feedback(p, self.prospector)
+            return
         reused = self._reusable(p)
         if reused is not None:
             p.intent = reused.intent
@@ -464,6 +481,34 @@ class PGR(Savings, Drivers):
                 p.trace.degrade("store_error", exc)
                 yield from self._query_fallback(p)
         return [p.found[i] for i in rnd.new_fact_ids]
+
+    def _feedback(self, p: Prospection, prospector: FeedbackProspector) -> Flow:
+        """The LLM-free feedback round (``strategy="feedback"``): the request, then the request joined
+        to its first hits, each read ``centring_depth`` deep (no floor) in one store call a round; R* is
+        the summed order (``_ranked``). A failed second call leaves the request's own list."""
+        cfg = self.config
+        depth = max(cfg.query_top_k, cfg.centring_depth)
+        params = cfg.probe_params().with_(top_k=depth, min_score=0.0)
+        rnd = self._new_round(p, "initial")
+        with self._phase(p.trace, "initial"):
+            hits = (yield from self._search(p, rnd, [Probe(p.query, "query")], params, limits=[(depth, 0.0)]))[0]
+        rnd = self._new_round(p, "personalized")
+        step = prospector.step(p, hits)
+        if step is None:
+            p.trace.stop_reason = "no_new_probes"
+            return
+        rnd.steps.append(step)
+        p.steps.append(step)
+        p.plan = [step]
+        with self._phase(p.trace, "personalized"):
+            try:
+                yield from self._search(
+                    p, rnd, [Probe(step.probe or step.text, "step", step_id=step.id)], params, limits=[(depth, 0.0)]
+                )
+            except StoreError as exc:
+                p.trace.degrade("store_error", exc)
+                return
+        p.trace.stop_reason = "no_new_probes"
 
     def _query_fallback(self, p: Prospection) -> Flow:
         """After a failed Phase-1 batch, the query alone, once: a store that can still answer it gives
@@ -721,7 +766,10 @@ class PGR(Savings, Drivers):
         cfg = self.config
         p.trace.ranking = ranking = "fused" if p.trace.stop_reason == "adaptive_skip" else cfg.ranking
         probes = [pr for r in p.trace.rounds for pr in r.probes]
-        if ranking == "fused":
+        if isinstance(self.prospector, FeedbackProspector) and ranking != "fused":
+            p.trace.ranking = "summed"
+            facts = summed_order(p.found, probes)
+        elif ranking == "fused":
             facts = fused_order(p.found)
         elif ranking == "scored":
             facts = scored_order(p.found, probes, cfg.step_margin)

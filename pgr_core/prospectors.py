@@ -24,7 +24,16 @@ from .prompts import render
 from .trace import FoundFact, Step, Trace
 from .types import Hit, Scope
 
-__all__ = ["DIMENSIONS", "FacetProspector", "LLMProspector", "NoProspection", "Prospection", "Prospector", "quoted"]
+__all__ = [
+    "DIMENSIONS",
+    "FacetProspector",
+    "FeedbackProspector",
+    "LLMProspector",
+    "NoProspection",
+    "Prospection",
+    "Prospector",
+    "quoted",
+]
 
 _MAX_STEP_CHARS = 300  # a step is one short sentence; a runaway one is cut before it reaches a prompt
 _MAX_DIMENSION_CHARS = 40
@@ -666,6 +675,48 @@ class NoProspection(Prospector):
     list at an equal number of facts (``strategy="facet"`` is there to try on your data)."""
 
     name = "none"
+
+    def initial(self, p: Prospection) -> Flow:
+        return []
+        yield  # pragma: no cover
+
+    def revise(self, p: Prospection, new: list[FoundFact]) -> Flow:
+        return []
+        yield  # pragma: no cover
+
+
+class FeedbackProspector(Prospector):
+    """One LLM-free round grounded in what the request found (``strategy="feedback"``).
+
+    The request probes the store; its first ``facts`` hits, joined to the request, probe it again
+    (one step, one store call), so the facts that sit beside what the request reached (the
+    knee surgery beside the physio appointment) come up by similarity alone. Each probe is read
+    ``centring_depth`` deep and R* is ordered by the sum of a fact's two scores
+    (:func:`pgr_core.ranking.summed_order`): a fact the second probe found must also be near the
+    request, so the step cannot drift off the request's subject on its own. Two store calls, no
+    LLM call. The policy runs this round itself (``PGR._feedback``); ``initial`` and ``revise``
+    propose nothing, so the prospector also works as a plain one.
+    """
+
+    name = "feedback"
+
+    def __init__(self, facts: int = 3) -> None:
+        if isinstance(facts, bool) or not isinstance(facts, int) or facts < 1:
+            raise InvalidArgumentError(f"facts must be an integer >= 1, got {facts!r}")
+        self.facts = facts
+
+    def step(self, p: Prospection, hits: Sequence[Hit]) -> Step | None:
+        """The feedback step from the request's own list (direct hits, best first); None when it has none."""
+        texts = [" ".join(h.fact.text.split()) for h in hits if h.neighbour_of is None][: self.facts]
+        if not texts:
+            return None
+        return Step(
+            id=f"r{p.round}.1",
+            text=f"the request with the {len(texts)} fact(s) it found first",
+            dimension="feedback",
+            round=p.round,
+            probe=" ".join([p.query, *texts]),
+        )
 
     def initial(self, p: Prospection) -> Flow:
         return []

@@ -40,9 +40,20 @@ from dataclasses import dataclass, field, replace
 from .trace import FoundFact, Probe
 from .types import Hit
 
-__all__ = ["RANKINGS", "Choice", "choose", "earned_order", "fused_order", "llm_order", "scored_order", "shared_order"]
+__all__ = [
+    "RANKINGS",
+    "Choice",
+    "choose",
+    "earned_order",
+    "fused_order",
+    "llm_order",
+    "scored_order",
+    "shared_order",
+    "summed_order",
+]
 
 RANKINGS = ("fused", "shared", "llm", "scored")
+# "summed" is not a PGRConfig.ranking: the feedback strategy's own order (PGR._feedback)
 QUERY_SIDE = ("query", "intent")  # the request and its restatement q_A: the query's share of R*
 
 
@@ -252,6 +263,44 @@ def scored_order(found: Mapping[str, FoundFact], probes: Iterable[Probe], step_m
     keys = (key for probe in probes for key in keyed(probe))
     neighbours = {} if any(pr.order for pr in probes) else _neighbours(found)
     out = _led_by(_best_first(found, keys), neighbours, found)
+    placed = set(out)
+    return [found[i] for i in out] + [f for f in fused_order(found) if f.id not in placed]
+
+
+def summed_order(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> list[FoundFact]:
+    """Each fact at the sum of its scores over the probes; a probe that did not read a fact gives it
+    the lowest score it read (so a fact one probe missed is not ranked as if it scored zero there).
+    Ties go to the request's own order. A window neighbour takes the score of the hit before it in each
+    list (as in :func:`scored_order`); one that rides with its anchor (``neighbour_decay=None``) follows
+    it. Facts no probe ranked follow by fused rank. The ``"feedback"`` strategy's order, where the
+    scores are centred, so they add up across probes.
+
+    >>> from pgr_core.types import Fact, Scope
+    >>> found = {i: FoundFact(Fact(i, i, Scope(user_id="u")), 0.0, 0.0, 1, "q") for i in "abcd"}
+    >>> request = Probe("q", "query", hits=[("a", 0.30), ("b", 0.28), ("c", 0.10)])
+    >>> step = Probe("q + a", "step", "r1.1", hits=[("c", 0.45), ("a", 0.35), ("d", 0.05)])
+    >>> [f.id for f in summed_order(found, [request, step])]
+    ['a', 'c', 'b', 'd']
+    """
+    probes = [pr for pr in probes if pr.hits]
+    totals: dict[str, float] = {}
+    request_rank: dict[str, int] = {}
+    lists: list[dict[str, float]] = []
+    for probe in probes:
+        scores: dict[str, float] = {}
+        for rank, fid, score in _scored_ids(probe):
+            scores.setdefault(fid, score)
+            if probe.source == "query":
+                request_rank.setdefault(fid, rank)
+        lists.append(scores)
+    ids = {fid for scores in lists for fid in scores if fid in found}
+    for scores in lists:
+        lowest = min(scores.values())
+        for fid in ids:
+            totals[fid] = totals.get(fid, 0.0) + scores.get(fid, lowest)
+    ordered = sorted(totals, key=lambda fid: (-totals[fid], request_rank.get(fid, math.inf)))
+    neighbours = {} if any(pr.order for pr in probes) else _neighbours(found)
+    out = _led_by(ordered, neighbours, found)
     placed = set(out)
     return [found[i] for i in out] + [f for f in fused_order(found) if f.id not in placed]
 

@@ -5,7 +5,9 @@ plus its cost. Names (``METHODS``), each also with ``+wN`` for a temporal window
 direct hit brings its N neighbours either side, right after it, and they count in every budget):
 
 - ``query-only``: the question's top K = 20 (the PGR paper's baseline).
-- ``pgr-none``: PGR's no-LLM default (no prospection) through ``retrieve``: it should equal query-only.
+- ``pgr-none``: PGR's no-LLM default (no prospection) through ``retrieve``: the query's own list, centred.
+- ``pgr-feedback``: PGR's LLM-free feedback round (``strategy="feedback"``): the request, then the request
+  joined to its first three hits, R* by the sum of the two centred scores; two store calls, no LLM call.
 - ``pgr-facet``, ``pgr-cot``, ``pgr-tot``: PGR with the LLM-free facet prospector, or an LLM chain / tree.
 - ``query-fusion``: LlamaIndex's ``QueryFusionRetriever`` (the LLM writes 3 more queries, one retrieval
   per query, reciprocal-rank fusion), over a LlamaIndex retriever that searches the same pgr store.
@@ -33,7 +35,7 @@ from typing import Any
 from ..errors import ConfigurationError, InvalidArgumentError
 from ..llm import LLM, CallFlow, Completion, Request, WrappedLLM
 from ..policy import PGR
-from ..prospectors import FacetProspector, NoProspection
+from ..prospectors import FacetProspector, FeedbackProspector, NoProspection
 from ..store import Store
 from ..trace import RetrievalResult
 from ..types import Hit, Scope, SearchParams
@@ -41,7 +43,7 @@ from .data import EvalQuestion
 
 __all__ = ["METHODS", "Method", "MethodOutput", "Meter", "make_method", "parse_method"]
 
-METHODS = ("query-only", "pgr-none", "pgr-facet", "pgr-cot", "pgr-tot", "query-fusion", "hyde", "mem0")
+METHODS = ("query-only", "pgr-none", "pgr-feedback", "pgr-facet", "pgr-cot", "pgr-tot", "query-fusion", "hyde", "mem0")
 LLM_METHODS = ("pgr-cot", "pgr-tot", "query-fusion", "hyde")
 
 
@@ -159,13 +161,13 @@ class PGRMethod(Method):
         **kw: Any,
     ) -> None:
         super().__init__(store, **kw)
-        if strategy not in ("facet", "none"):
+        if strategy not in ("facet", "none", "feedback"):
             self.meter: Meter | None = _metered(f"pgr-{strategy}", llm)
             self.needs_llm = True
             self.pgr = PGR(store, llm=self.meter, strategy=strategy, window=self.window, **dict(overrides or {}))
         else:
             self.meter = None
-            prospector = FacetProspector() if strategy == "facet" else NoProspection()
+            prospector = {"facet": FacetProspector, "feedback": FeedbackProspector}.get(strategy, NoProspection)()
             self.pgr = PGR(store, strategy=prospector, window=self.window, **dict(overrides or {}))
 
     def _run(self, q: EvalQuestion, meter: Meter | None) -> MethodOutput:
