@@ -173,7 +173,7 @@ def assert_only_own(scope: Scope, result: RetrievalResult) -> None:
     assert re.findall(r"user\d\d", everything.replace(str(scope.user_id), "")) == []
 
 
-@pytest.mark.parametrize("strategy", ["tot", "facet"])
+@pytest.mark.parametrize("strategy", ["tot", "facet", "feedback"])
 @pytest.mark.parametrize("mode", ["gather", "threads"])
 def test_fifty_users_concurrently_never_see_each_other(mode: str, strategy: str) -> None:
     spy = SpyStore(tenant_store())

@@ -201,7 +201,7 @@ MIXED = [
     ["2025-05-01", datetime(2025, 5, 1), datetime(2025, 5, 1, tzinfo=UTC), "2025-05-01T12:00:00+09:00"],
     ids=["naive-text", "naive", "aware-utc", "aware-tokyo"],
 )
-@pytest.mark.parametrize("strategy", ["facet", "cot"])
+@pytest.mark.parametrize("strategy", ["facet", "feedback", "cot"])
 def test_mixed_naive_and_aware_mem0_dates_answer_either_kind_of_query_date(date: Any, strategy: str) -> None:
     store = Mem0Store(Mem0Like(MIXED), llm=_dated_llm() if strategy == "cot" else None)
     pgr = PGR(store, llm=store.llm, strategy=strategy, min_score=0.0, delta=1)

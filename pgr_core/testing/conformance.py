@@ -206,7 +206,11 @@ class StoreConformance:
                 else '{"summary": "s"}'
             )
         )
-        for pgr in (PGR(store, strategy="facet"), PGR(store, llm=llm, strategy="tot", max_rounds=2)):
+        for pgr in (
+            PGR(store, strategy="facet"),
+            PGR(store, strategy="feedback"),  # its second probe holds alice's facts: still alice's scope only
+            PGR(store, llm=llm, strategy="tot", max_rounds=2),
+        ):
             result = pgr.retrieve("Should I start running again?", scope=ALICE)
             assert result.facts and not result.degraded
             assert all(ALICE.allows(_owner_of(f.text)) for f in result.facts)
@@ -255,8 +259,9 @@ class StoreConformance:
     def test_an_empty_store_is_fine(self, make_store: Callable[[list[Fact]], Store]) -> None:
         empty = make_store([])
         assert self._search(empty, ["anything at all"], ALICE, top_k=5, min_score=0.0) == [[]]
-        result = PGR(empty, strategy="facet").retrieve("Should I join a league?", scope=ALICE)
-        assert result.facts == [] and not result.degraded
+        for strategy in ("facet", "feedback"):
+            result = PGR(empty, strategy=strategy).retrieve("Should I join a league?", scope=ALICE)
+            assert result.facts == [] and not result.degraded
 
     def test_async_gives_what_sync_gives(self, store: Store) -> None:
         params = SearchParams(top_k=3, min_score=0.0)
@@ -270,8 +275,9 @@ class StoreConformance:
         with pytest.raises(StoreError) as info:
             failing_store._checked_search(["knee"], ALICE, SearchParams())
         assert info.value.__cause__ is not None
-        result = PGR(failing_store, strategy="facet").retrieve("knee?", scope=ALICE)
-        assert result.degraded and result.trace.stop_reason == "store_error"
+        for strategy in ("facet", "feedback"):
+            result = PGR(failing_store, strategy=strategy).retrieve("knee?", scope=ALICE)
+            assert result.degraded and result.trace.stop_reason == "store_error"
 
     def test_window_brings_same_session_neighbours(self, store: Store) -> None:
         self._needs(store, "window")
