@@ -37,6 +37,8 @@ __all__ = [
 
 _MAX_STEP_CHARS = 300  # a step is one short sentence; a runaway one is cut before it reaches a prompt
 _MAX_DIMENSION_CHARS = 40
+_MAX_FEEDBACK_CHARS = 500  # of each fact joined to the request: a long document chunk is cut (the request
+# stays first, so an embedder that truncates its input never loses it)
 
 
 def quoted(text: str, limit: int | None = None) -> str:
@@ -694,7 +696,8 @@ class FeedbackProspector(Prospector):
     ``centring_depth`` deep and R* is ordered by the sum of a fact's two scores
     (:func:`pgr_core.ranking.summed_order`): a fact the second probe found must also be near the
     request, so the step cannot drift off the request's subject on its own. Two store calls, no
-    LLM call. The policy runs this round itself (``PGR._feedback``); ``initial`` and ``revise``
+    LLM call. Each fact joined is cut to 500 characters (a long document chunk would crowd out the
+    request). The policy runs this round itself (``PGR._feedback``); ``initial`` and ``revise``
     propose nothing, so the prospector also works as a plain one.
     """
 
@@ -707,7 +710,8 @@ class FeedbackProspector(Prospector):
 
     def step(self, p: Prospection, hits: Sequence[Hit]) -> Step | None:
         """The feedback step from the request's own list (direct hits, best first); None when it has none."""
-        texts = [" ".join(h.fact.text.split()) for h in hits if h.neighbour_of is None][: self.facts]
+        texts = [" ".join(h.fact.text.split())[:_MAX_FEEDBACK_CHARS] for h in hits if h.neighbour_of is None]
+        texts = texts[: self.facts]
         if not texts:
             return None
         return Step(

@@ -130,3 +130,13 @@ def test_eval_method_runs_with_no_llm() -> None:
     out = method.run(EvalQuestion(id="q", question=QUERY, scope=ALICE, gold=["a1"]))
     assert out.llm_calls == 0 and out.store_calls == 2 and not out.degraded
     assert "a1" in out.ids[:20]
+
+
+def test_a_long_fact_is_cut_in_the_probe_and_the_request_stays_first() -> None:
+    store = InMemoryStore(embedder=Pieces())
+    long = "physio visit on Tuesday " + "and more notes " * 200
+    store.add_facts([Fact(id="long", text=long, scope=ALICE)])
+    result = PGR(store, strategy="feedback").retrieve(QUERY, scope=ALICE)
+    probe = result.trace.rounds[1].steps[0].probe
+    assert probe is not None and probe.startswith(QUERY + " physio visit on Tuesday")
+    assert len(probe) == len(QUERY) + 1 + 500
