@@ -21,9 +21,9 @@ recall (benchmarks/RESULTS.md). This module measures it per scope, with no LLM:
 
 Measured with the local model's cues (RESULTS.md): MQ-lite dev users kappa 0.42 to 0.47 (trust 1),
 LoCoMo conv-30 kappa -0.003 (trust 0: the cue term weighted 0.2; 0.566 at recall@20 against 0.515
-with it dropped and 0.492 plain), conv-26 kappa 0.031 (0.596 against 0.572 plain), PrefEval's filler
-turns -0.06 to -0.02 (trust 0, the fillers' cue term weighted 0.2, the preference, alone in its
-session, keeping its cues in full).
+with it dropped and 0.492 plain), conv-26 kappa 0.030 (0.603 against 0.572 plain, 282 of 419 turns
+cued), PrefEval's filler turns -0.06 to -0.02 (trust 0, the fillers' cue term weighted 0.2, the
+preference, alone in its session, keeping its cues in full).
 
 :class:`CueTrust` keeps one figure per scope, rebuilt after a write to the store or to the cue index
 in that scope, reading at most :data:`MAX_SESSIONS` sessions (an even sample) of the scope's facts.
