@@ -68,6 +68,17 @@ def test_a_user_with_no_facts_is_said_so_not_answered_with_an_empty_list(
 # --------------------------------------------------------------------------- options
 
 
+def test_strategy_feedback_runs_one_llm_free_round(demo_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_retrieve(demo_store, "--no-llm", "--user", "maya", "--strategy", "feedback", "--json")) == 0
+    out = json.loads(capsys.readouterr().out)
+    trace = out["trace"]
+    assert trace["prospector"] == "feedback" and trace["ranking"] == "summed"
+    assert trace["usage"]["store_calls"] == 2 and trace["usage"]["llm_calls"] == 0
+    step = trace["rounds"][1]["steps"][0]
+    assert step["dimension"] == "feedback" and step["probe"].startswith("Should I join a soccer league?")
+    assert out["facts"]
+
+
 def test_top_k_without_query_only_is_refused_with_the_option_that_does_it(
     demo_store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
