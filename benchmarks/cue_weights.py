@@ -5,6 +5,8 @@ the cues come from a cue cache a build filled (``pgr eval --cues`` or ``pgr cues
         --cue-cache .pgr-cache/cues.sqlite3 --model qwen [--weights 0.7,0.8,0.9,1.0] [--user U] [--json out.json]
     python benchmarks/cue_weights.py --kind locomo --data ../shared/data/locomo --user conv-30 ... --edge
 
+It also times and scores PGR's LLM-free feedback round (``strategy="feedback"``) over both stores.
+
 For each question, the question alone is searched (K = 20, τ = 0.3, as ``pgr eval``'s query-only) in the
 plain store and through ``Anticipating`` at each weight (a fact scores max(own, weight x best cue)), and
 recall@10 / recall@20 against the gold facts are averaged over the questions with gold. ``--model`` names
@@ -43,11 +45,15 @@ class CacheOnly(LLM):
         raise LLMConnectionError("cache only: no model is called")
 
 
-def recalls(store: Any, questions: list[Any], ks: list[int]) -> dict[str, float]:
-    pgr = PGR(store)
+def recalls(store: Any, questions: list[Any], ks: list[int], strategy: str | None = None) -> dict[str, float]:
+    """Query-only's recall@k, or (``strategy``) that of PGR's retrieve with it, its list cut to each k."""
+    pgr = PGR(store) if strategy is None else PGR(store, strategy=strategy)
     out: dict[int, list[float]] = {k: [] for k in ks}
     for q in questions:
-        ids = pgr.query_only(q.question, scope=q.scope, date=q.date, top_k=max(ks)).ids
+        if strategy is None:
+            ids = pgr.query_only(q.question, scope=q.scope, date=q.date, top_k=max(ks)).ids
+        else:
+            ids = pgr.retrieve(q.question, scope=q.scope, date=q.date).ids
         for k in ks:
             out[k].append(recall_at(ids, q.gold, k, missing=q.missing))
     return {f"recall@{k}": round(statistics.fmean(v), 4) for k, v in out.items()}
@@ -56,14 +62,23 @@ def recalls(store: Any, questions: list[Any], ks: list[int]) -> dict[str, float]
 def latency(plain: Any, cued: Any, questions: list[Any], centred: Any = None) -> dict[str, Any]:
     """Median milliseconds of one query-only search (the question embedded from the probe cache after
     the first pass, so the figures compare the store calls), plain, through Anticipating, and through
-    Anticipating(scoring="centred") when given."""
+    Anticipating(scoring="centred") when given; and of one retrieve with the LLM-free feedback round
+    (``strategy="feedback"``: two store calls, the joined text embedded) over the plain store and over
+    the centred one (``*_feedback_ms``)."""
     pgrs = {"plain": PGR(plain), "cued": PGR(cued)} | ({"centred": PGR(centred)} if centred is not None else {})
-    times: dict[str, list[float]] = {name: [] for name in pgrs}
+    feedback = {"plain_feedback": PGR(plain, strategy="feedback")}
+    if centred is not None:
+        feedback["centred_feedback"] = PGR(centred, strategy="feedback")
+    times: dict[str, list[float]] = {name: [] for name in [*pgrs, *feedback]}
     for _ in range(3):
         for q in questions:
             for name, pgr in pgrs.items():
                 t0 = time.perf_counter()
                 pgr.query_only(q.question, scope=q.scope, date=q.date, top_k=20)
+                times[name].append(1000 * (time.perf_counter() - t0))
+            for name, pgr in feedback.items():
+                t0 = time.perf_counter()
+                pgr.retrieve(q.question, scope=q.scope, date=q.date)
                 times[name].append(1000 * (time.perf_counter() - t0))
     return {"queries": len(questions)} | {f"{name}_ms": round(statistics.median(t), 3) for name, t in times.items()}
 
@@ -128,12 +143,16 @@ def main() -> int:
     wrapped.cue_weight = 0.9
     centred = Anticipating(store, cues=wrapped.cues, scoring="centred")  # the same cue index
     rows["query-only over Anticipating, scoring=centred"] = recalls(centred, questions, ks)
+    rows["pgr-feedback (plain store, centred by pgr)"] = recalls(store, questions, ks, strategy="feedback")
+    rows["pgr-feedback over Anticipating, scoring=centred"] = recalls(centred, questions, ks, strategy="feedback")
     timing = latency(store, wrapped, questions, centred)
     timing["trust"] = judging(store, wrapped.cues, owners)
     print(
         f"query-only latency, median of {timing['queries']} (each question 3 times, interleaved): "
         f"plain {timing['plain_ms']:.2f} ms, through Anticipating {timing['cued_ms']:.2f} ms, "
-        f"centred {timing['centred_ms']:.2f} ms; judging a user's cue trust cold {timing['trust']['judge_ms']:.2f} ms",
+        f"centred {timing['centred_ms']:.2f} ms; judging a user's cue trust cold {timing['trust']['judge_ms']:.2f} ms; "
+        f"the feedback round {timing['plain_feedback_ms']:.2f} ms plain, "
+        f"{timing['centred_feedback_ms']:.2f} ms centred",
         file=sys.stderr,
     )
     if args.edge:
@@ -158,7 +177,9 @@ def main() -> int:
             f"EdgeStore: plain {timing['edge']['plain_ms']:.2f} ms, through Anticipating "
             f"{timing['edge']['cued_ms']:.2f} ms (recall {timing['edge']['recall_cued']}), centred "
             f"{timing['edge']['centred_ms']:.2f} ms (recall {timing['edge']['recall_centred']}); judging a user's "
-            f"cue trust cold {timing['edge']['trust']['judge_ms']:.2f} ms",
+            f"cue trust cold {timing['edge']['trust']['judge_ms']:.2f} ms; the feedback round "
+            f"{timing['edge']['plain_feedback_ms']:.2f} ms plain, "
+            f"{timing['edge']['centred_feedback_ms']:.2f} ms centred",
             file=sys.stderr,
         )
     header = "| method | " + " | ".join(f"recall@{k}" for k in ks) + " |"
