@@ -673,8 +673,9 @@ class LLMProspector(Prospector):
 
 class NoProspection(Prospector):
     """No steps at all: R* is the query's own top ``query_top_k`` (window included), the query-only
-    list. The default without an LLM, since no LLM-free prospector measured here beat the query's own
-    list at an equal number of facts (``strategy="facet"`` is there to try on your data)."""
+    list. The default without an LLM. ``strategy="feedback"`` (:class:`FeedbackProspector`) found more
+    at an equal number of facts on MQ-lite and LoCoMo but drifted on the demo's chatty history, so it is
+    opt-in; ``strategy="facet"`` found less on MQ-lite (see benchmarks/RESULTS.md)."""
 
     name = "none"
 
@@ -687,7 +688,7 @@ class NoProspection(Prospector):
         yield  # pragma: no cover
 
 
-class FeedbackProspector(Prospector):
+class FeedbackProspector(NoProspection):
     """One LLM-free round grounded in what the request found (``strategy="feedback"``).
 
     The request probes the store; its first ``facts`` hits, joined to the request, probe it again
@@ -697,8 +698,8 @@ class FeedbackProspector(Prospector):
     (:func:`pgr_core.ranking.summed_order`): a fact the second probe found must also be near the
     request, so the step cannot drift off the request's subject on its own. Two store calls, no
     LLM call. Each fact joined is cut to 500 characters (a long document chunk would crowd out the
-    request). The policy runs this round itself (``PGR._feedback``); ``initial`` and ``revise``
-    propose nothing, so the prospector also works as a plain one.
+    request). The policy runs this round itself (``PGR._feedback``); ``initial`` and ``revise`` are
+    :class:`NoProspection`'s and propose nothing.
     """
 
     name = "feedback"
@@ -721,14 +722,6 @@ class FeedbackProspector(Prospector):
             round=p.round,
             probe=" ".join([p.query, *texts]),
         )
-
-    def initial(self, p: Prospection) -> Flow:
-        return []
-        yield  # pragma: no cover
-
-    def revise(self, p: Prospection, new: list[FoundFact]) -> Flow:
-        return []
-        yield  # pragma: no cover
 
 
 _STOP = frozenset(
