@@ -261,8 +261,14 @@ def scored_order(found: Mapping[str, FoundFact], probes: Iterable[Probe], step_m
             yield fid, (-(score - step_margin * side), side, rank)
 
     keys = (key for probe in probes for key in keyed(probe))
+    return _with_the_rest(found, probes, _best_first(found, keys))
+
+
+def _with_the_rest(found: Mapping[str, FoundFact], probes: Sequence[Probe], ids: Iterable[str]) -> list[FoundFact]:
+    """``ids`` in order, each with the window neighbours that ride with it (none when the probes' lists
+    rank their neighbours themselves), then the facts no probe ranked, by fused rank."""
     neighbours = {} if any(pr.order for pr in probes) else _neighbours(found)
-    out = _led_by(_best_first(found, keys), neighbours, found)
+    out = _led_by(ids, neighbours, found)
     placed = set(out)
     return [found[i] for i in out] + [f for f in fused_order(found) if f.id not in placed]
 
@@ -283,7 +289,6 @@ def summed_order(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> lis
     ['a', 'c', 'b', 'd']
     """
     probes = [pr for pr in probes if pr.hits]
-    totals: dict[str, float] = {}
     request_rank: dict[str, int] = {}
     lists: list[dict[str, float]] = []
     for probe in probes:
@@ -293,16 +298,11 @@ def summed_order(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> lis
             if probe.source == "query":
                 request_rank.setdefault(fid, rank)
         lists.append(scores)
+    lowest = [min(scores.values()) for scores in lists]
     ids = {fid for scores in lists for fid in scores if fid in found}
-    for scores in lists:
-        lowest = min(scores.values())
-        for fid in ids:
-            totals[fid] = totals.get(fid, 0.0) + scores.get(fid, lowest)
+    totals = {fid: sum(scores.get(fid, low) for scores, low in zip(lists, lowest, strict=True)) for fid in ids}
     ordered = sorted(totals, key=lambda fid: (-totals[fid], request_rank.get(fid, math.inf)))
-    neighbours = {} if any(pr.order for pr in probes) else _neighbours(found)
-    out = _led_by(ordered, neighbours, found)
-    placed = set(out)
-    return [found[i] for i in out] + [f for f in fused_order(found) if f.id not in placed]
+    return _with_the_rest(found, probes, ordered)
 
 
 @dataclass

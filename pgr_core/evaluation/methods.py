@@ -35,7 +35,7 @@ from typing import Any
 from ..errors import ConfigurationError, InvalidArgumentError
 from ..llm import LLM, CallFlow, Completion, Request, WrappedLLM
 from ..policy import PGR
-from ..prospectors import FacetProspector, FeedbackProspector, NoProspection
+from ..prospectors import FacetProspector
 from ..store import Store
 from ..trace import RetrievalResult
 from ..types import Hit, Scope, SearchParams
@@ -165,10 +165,9 @@ class PGRMethod(Method):
             self.meter: Meter | None = _metered(f"pgr-{strategy}", llm)
             self.needs_llm = True
             self.pgr = PGR(store, llm=self.meter, strategy=strategy, window=self.window, **dict(overrides or {}))
-        else:
+        else:  # an LLM-free strategy: PGR names its prospector
             self.meter = None
-            prospector = {"facet": FacetProspector, "feedback": FeedbackProspector}.get(strategy, NoProspection)()
-            self.pgr = PGR(store, strategy=prospector, window=self.window, **dict(overrides or {}))
+            self.pgr = PGR(store, strategy=strategy, window=self.window, **dict(overrides or {}))
 
     def _run(self, q: EvalQuestion, meter: Meter | None) -> MethodOutput:
         result = self.pgr.retrieve(q.question, scope=q.scope, date=q.date)
