@@ -16,6 +16,8 @@ ranked, and recall@10 / recall@20 averaged. The rules:
 - ``own``: the fact's text alone (plain query-only);
 - ``max(own, w*best)``: ``Anticipating``'s rule, the fact's best cue weighted by w;
 - ``own + w*best``, ``max(own, w*mean of top 2)``: sums and means instead of the max;
+- ``own + mean of the best 2 cues, centred`` and the rows beside it: a fact's cue term pooled over
+  several of its cues (a single stray cue counts for less), against the best cue alone;
 - ``expanded``: the fact's text and its cues embedded together as one text (document expansion);
 - ``cues joined``, ``cue centroid``: the cues alone, as one text or as the mean of their vectors;
 - ``rrf(own, best)`` and ``rrf(own, best, expanded)``: reciprocal-rank fusion (k = 60) of the lists;
@@ -134,6 +136,12 @@ def main() -> int:
         own_c = own - typ_own
         centred_cue = lambda c: cue_v[c] @ q - cue_v[c] @ cue_mean  # noqa: E731
         best_c = np.array([max(map(centred_cue, cues[i])) if cues[i] else own_c[j] for j, i in enumerate(idx)])
+        # each fact's centred cue terms, best first (a fact without cues: its own term, as its one cue)
+        sorted_c = [
+            sorted(map(centred_cue, cues[i]), reverse=True) if cues[i] else [own_c[j]] for j, i in enumerate(idx)
+        ]
+        second_c = np.array([c[1] if len(c) > 1 else c[0] for c in sorted_c])
+        mean_c = np.array([float(np.mean(c)) for c in sorted_c])
         # the cue side only: a cue less how much more typical it is than the user's cues on average
         cued = np.array([bool(cues[i]) for i in idx])
         best_s = np.where(cued, best_c + cue_typical[facts[idx[0]].scope], own)
@@ -166,6 +174,11 @@ def main() -> int:
             ),
             **{f"own + trust*best, centred, floor {f}": trusted(idx, own_c, best_c, floor=f) for f in args.floor},
             "own + 0.75*best, centred": own_c + 0.75 * best_c,
+            "own + mean of the best 2 cues, centred": own_c + (best_c + second_c) / 2,
+            "own + best + 0.5*second cue, centred": own_c + best_c + 0.5 * second_c,
+            "own + best + second cue, centred (scaled to two terms)": 2 / 3 * (own_c + best_c + second_c),
+            "own + mean of all cues, centred": own_c + mean_c,
+            "own + (best + mean of all cues) / 2, centred": own_c + (best_c + mean_c) / 2,
             "own + 0.5*best, centred": own_c + 0.5 * best_c,
             **variants(idx, own_c, best_c, centred_cue),
         }
@@ -250,18 +263,35 @@ def main() -> int:
     questions = [q for q in data.questions if q.gold]
     vectors = _unit(np.asarray(embedder.embed([q.question for q in questions]), dtype=np.float32))
     out: dict[str, dict[int, list[float]]] = {}
+    by_user: dict[str, dict[str, list[float]]] = {}  # rule -> user -> recall@20 per question
     for q, qv in zip(questions, vectors, strict=True):
         idx = [i for i, f in enumerate(facts) if f.scope == q.scope]
+        user = str(q.scope.user_id or q.scope)
         for name, scores in rules(qv, idx).items():
             order = [facts[idx[j]].id for j in np.argsort(-scores, kind="stable")]
             for k in (10, 20):
                 out.setdefault(name, {}).setdefault(k, []).append(recall_at(order, q.gold, k, missing=q.missing))
+            by_user.setdefault(name, {}).setdefault(user, []).append(out[name][20][-1])
     table: Callable[[str, int], float] = lambda name, k: round(statistics.fmean(out[name][k]), 3)  # noqa: E731
-    print(f"| rule ({len(questions)} questions) | recall@10 | recall@20 |\n|---|---|---|")
+    users = list(dict.fromkeys(str(q.scope.user_id or q.scope) for q in questions))
+    per_user = lambda name: [round(statistics.fmean(by_user[name][u]), 3) for u in users]  # noqa: E731
+    # a rule that gains on the whole but not user by user gains on a few questions (12 a user on MQ-lite)
+    shown = users if 1 < len(users) <= 6 else []
+    print(
+        f"| rule ({len(questions)} questions) | recall@10 | recall@20 |"
+        + "".join(f" {u} @20 |" for u in shown)
+        + "\n|---|---|---|"
+        + "---|" * len(shown)
+    )
     for name in out:
-        print(f"| {name} | {table(name, 10):.3f} | {table(name, 20):.3f} |")
+        cells = "".join(f" {v:.3f} |" for v in per_user(name)) if shown else ""
+        print(f"| {name} | {table(name, 10):.3f} | {table(name, 20):.3f} |{cells}")
     if args.json:
-        rows = {name: {f"recall@{k}": table(name, k) for k in (10, 20)} for name in out}
+        rows = {
+            name: {f"recall@{k}": table(name, k) for k in (10, 20)}
+            | {"recall@20 by user": dict(zip(users, per_user(name), strict=True))}
+            for name in out
+        }
         aligned = {"cue_sets_in_shared_sessions": judged, "closer_to_another_fact": closer_elsewhere}
         report = {
             "data": str(args.data),
