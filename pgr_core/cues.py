@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigurationError, InvalidArgumentError, LLMError, LLMOutputError
-from .llm import LLM, Completion, parse_json
+from .llm import LLM, MAX_REPLY_CHARS, Completion, parse_json
 from .prompts import prompt, render
 from .prospectors import quoted
 from .types import Fact
@@ -123,6 +123,20 @@ def check_cues(
         if len(kept) == limit:
             break
     return kept, refused
+
+
+def _complete_entries(text: str) -> list[dict[str, Any]]:
+    """The ``{"id": ..., "cues": [...]}`` entries a cut-off cue reply completed before its cut."""
+    decoder = json.JSONDecoder()
+    entries: list[dict[str, Any]] = []
+    for match in re.finditer(r'\{\s*"id"\s*:', text[:MAX_REPLY_CHARS]):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except ValueError:  # the entry the cut fell in
+            continue
+        if isinstance(value, dict) and isinstance(value.get("cues"), list):
+            entries.append(value)
+    return entries
 
 
 @dataclass
@@ -347,11 +361,20 @@ class CueWriter:
         return batch
 
     def _read(self, completion: Completion, pending: dict[str, Fact], batch: CueBatch) -> str:
-        """Take the usable cues of ``completion`` for the facts still ``pending``; return the problem."""
+        """Take the usable cues of ``completion`` for the facts still ``pending``; return the problem.
+
+        A reply cut off at the token limit (the small model sometimes repeats itself until it is) keeps
+        the entries it completed before the cut; the facts after it are the problem the repair names."""
+        cut = ""
         try:
             if completion.truncated:
-                raise LLMOutputError("the reply was cut off at the token limit", raw=completion.text)
-            items = parse_json(completion.text, CUE_SCHEMA)["cues"]
+                cut = "the reply was cut off at the token limit"
+                items = _complete_entries(completion.text)
+                if not items:
+                    raise LLMOutputError(cut, raw=completion.text)
+                batch.errors.append(f"{cut}; {len(items)} complete entries before the cut kept")
+            else:
+                items = parse_json(completion.text, CUE_SCHEMA)["cues"]
         except LLMOutputError as exc:
             batch.errors.append(str(exc))
             return str(exc)
@@ -369,7 +392,7 @@ class CueWriter:
             else:
                 short.append(handle)
         unanswered = [h for h in pending if h not in short]
-        parts = []
+        parts = [cut] if cut and pending else []
         if short:
             parts.append(f"facts {', '.join(short)} need at least {MIN_CUES} cues that do not repeat the fact's words")
         if unanswered:

@@ -90,6 +90,24 @@ def test_an_unusable_reply_gets_one_repair_then_the_fact_is_left_without_cues() 
     assert set(batch.cues) == {"knee"} and batch.missing == ["car"]
 
 
+def test_a_reply_cut_off_at_the_token_limit_keeps_the_entries_it_completed() -> None:
+    """The small model sometimes repeats itself until max_tokens: the facts answered before the cut keep
+    their cues, and the one repair asks about the rest, naming the cut."""
+    whole = json.dumps({"cues": [{"id": "F1", "cues": CUES[KNEE]}, {"id": "F2", "cues": CUES[CAR] * 40}]})
+    llm = ScriptedLLM([whole, {"cues": [{"id": "F2", "cues": CUES[CAR]}]}])
+    llm.truncate_at = whole.index('"F2"') + 60  # F1's entry is whole, F2's is cut in its cues
+    batch = CueWriter(llm).write(facts()[:2])
+    assert batch.cues == {"knee": tuple(CUES[KNEE]), "car": tuple(CUES[CAR])} and not batch.missing
+    assert len(llm.calls) == 2
+    repair = llm.calls[1].messages[-1]["content"]
+    assert "cut off at the token limit" in repair and "F2" in repair and "F1" not in repair
+    # a cut before any entry completed is unusable as before: one repair, then the facts are left
+    nothing = ScriptedLLM(['{"cues": [{"id": "F1", "cues": ["a trip', "still not json"])
+    nothing.truncate_at = 30
+    left = CueWriter(nothing).write(facts()[:2])
+    assert left.cues == {} and sorted(left.missing) == ["car", "knee"] and len(nothing.calls) == 2
+
+
 def test_a_hung_model_leaves_facts_for_the_next_build_and_never_raises() -> None:
     llm = ScriptedLLM([LLMTimeoutError("late")])
     batch = CueWriter(llm).write(facts())
