@@ -135,11 +135,11 @@ def main() -> int:
         typ_own = own_v[idx] @ fact_mean
         own_c = own - typ_own
         centred_cue = lambda c: cue_v[c] @ q - cue_v[c] @ cue_mean  # noqa: E731
-        best_c = np.array([max(map(centred_cue, cues[i])) if cues[i] else own_c[j] for j, i in enumerate(idx)])
         # each fact's centred cue terms, best first (a fact without cues: its own term, as its one cue)
         sorted_c = [
             sorted(map(centred_cue, cues[i]), reverse=True) if cues[i] else [own_c[j]] for j, i in enumerate(idx)
         ]
+        best_c = np.array([c[0] for c in sorted_c])
         second_c = np.array([c[1] if len(c) > 1 else c[0] for c in sorted_c])
         mean_c = np.array([float(np.mean(c)) for c in sorted_c])
         # the cue side only: a cue less how much more typical it is than the user's cues on average
@@ -264,16 +264,16 @@ def main() -> int:
     vectors = _unit(np.asarray(embedder.embed([q.question for q in questions]), dtype=np.float32))
     out: dict[str, dict[int, list[float]]] = {}
     by_user: dict[str, dict[str, list[float]]] = {}  # rule -> user -> recall@20 per question
+    user_of = lambda q: str(q.scope.user_id or q.scope)  # noqa: E731
     for q, qv in zip(questions, vectors, strict=True):
         idx = [i for i, f in enumerate(facts) if f.scope == q.scope]
-        user = str(q.scope.user_id or q.scope)
         for name, scores in rules(qv, idx).items():
             order = [facts[idx[j]].id for j in np.argsort(-scores, kind="stable")]
             for k in (10, 20):
                 out.setdefault(name, {}).setdefault(k, []).append(recall_at(order, q.gold, k, missing=q.missing))
-            by_user.setdefault(name, {}).setdefault(user, []).append(out[name][20][-1])
+            by_user.setdefault(name, {}).setdefault(user_of(q), []).append(out[name][20][-1])
     table: Callable[[str, int], float] = lambda name, k: round(statistics.fmean(out[name][k]), 3)  # noqa: E731
-    users = list(dict.fromkeys(str(q.scope.user_id or q.scope) for q in questions))
+    users = list(dict.fromkeys(map(user_of, questions)))
     per_user = lambda name: [round(statistics.fmean(by_user[name][u]), 3) for u in users]  # noqa: E731
     # a rule that gains on the whole but not user by user gains on a few questions (12 a user on MQ-lite)
     shown = users if 1 < len(users) <= 6 else []

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigurationError, InvalidArgumentError, LLMError, LLMOutputError
-from .llm import LLM, MAX_REPLY_CHARS, Completion, parse_json
+from .llm import LLM, Completion, complete_objects, parse_json
 from .prompts import prompt, render
 from .prospectors import quoted
 from .types import Fact
@@ -123,20 +123,6 @@ def check_cues(
         if len(kept) == limit:
             break
     return kept, refused
-
-
-def _complete_entries(text: str) -> list[dict[str, Any]]:
-    """The ``{"id": ..., "cues": [...]}`` entries a cut-off cue reply completed before its cut."""
-    decoder = json.JSONDecoder()
-    entries: list[dict[str, Any]] = []
-    for match in re.finditer(r'\{\s*"id"\s*:', text[:MAX_REPLY_CHARS]):
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except ValueError:  # the entry the cut fell in
-            continue
-        if isinstance(value, dict) and isinstance(value.get("cues"), list):
-            entries.append(value)
-    return entries
 
 
 @dataclass
@@ -369,7 +355,7 @@ class CueWriter:
         try:
             if completion.truncated:
                 cut = "the reply was cut off at the token limit"
-                items = _complete_entries(completion.text)
+                items = complete_objects(completion.text, CUE_SCHEMA["properties"]["cues"]["items"], key="id")
                 if not items:
                     raise LLMOutputError(cut, raw=completion.text)
                 batch.errors.append(f"{cut}; {len(items)} complete entries before the cut kept")

@@ -48,6 +48,7 @@ __all__ = [
     "WrappedLLM",
     "estimate_tokens",
     "llm_from_env",
+    "complete_objects",
     "parse_json",
     "plausible_usage",
 ]
@@ -440,6 +441,39 @@ def parse_json(
     except LLMOutputError as exc:
         raise LLMOutputError(str(exc), raw=text) from None
     return value
+
+
+def complete_objects(
+    text: str,
+    schema: Schema,
+    *,
+    key: str,
+    max_chars: int = MAX_REPLY_CHARS,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> list[Any]:
+    """The whole JSON objects opening with ``"key":`` in a reply cut off part-way (at the token limit),
+    each checked against ``schema``: the one the cut fell in, and any that fail the schema, are left out.
+
+    The same guards as :func:`parse_json` (size, nesting depth, numbers Python will not read), so a
+    cut-off reply of garbage yields nothing rather than an error."""
+    text = text[:max_chars]
+    if _nesting(text) > max_depth:
+        return []
+    decoder = json.JSONDecoder(strict=False, parse_constant=_no_constant)
+    found: list[Any] = []
+    taken = 0  # the end of the last object read: a match before it lies inside that object
+    for match in re.finditer(r'\{\s*"' + re.escape(key) + r'"\s*:', text):
+        if match.start() < taken:
+            continue
+        try:
+            value, end = decoder.raw_decode(text, match.start())
+            if schema is not None:
+                _check(value, schema, "")
+        except (ValueError, RecursionError, LLMOutputError):  # the object the cut fell in, or a wrong one
+            continue
+        found.append(value)
+        taken = end
+    return found
 
 
 # --------------------------------------------------------------------------- OpenAI-compatible client
