@@ -38,6 +38,7 @@ __all__ = [
     "CueCache",
     "CueWriter",
     "check_cues",
+    "reply_schema",
 ]
 
 CUE_SCHEMA: Mapping[str, Any] = {
@@ -56,6 +57,7 @@ CUE_SCHEMA: Mapping[str, Any] = {
 }
 
 MAX_CUE_WORDS = 12
+_MAX_CUE_CHARS = 160  # a cue string's ceiling in the reply's grammar: 12 words fit, a run-on line does not
 MIN_CUES = 2
 MAX_CUES = 4
 DEFAULT_CUES = 4  # cues asked per fact
@@ -68,6 +70,32 @@ _STOP = frozenset(
     "user user's their they them she he her his it its this that these those has have had do does did "
     "will would can could should about into as so not no".split()
 )
+
+
+def reply_schema(handles: Sequence[str], cues_per_fact: int) -> dict[str, Any]:
+    """The schema one cue call is sent: :data:`CUE_SCHEMA`, bounded to the facts asked.
+
+    At most one entry per fact asked, each named by one of ``handles``, with at most ``cues_per_fact``
+    cues of at most :data:`_MAX_CUE_CHARS` characters. A server that constrains decoding to the schema
+    (llama.cpp turns it into a grammar) then closes the reply when every fact is answered: the local
+    1.5B model otherwise went on inventing facts (``F23``... ``F53`` for a 22-turn session) until
+    ``max_tokens``, minutes of tokens that the cut-off salvage threw away. A reply the bounds do not
+    bind is the reply an unbounded schema gives; a server that does not constrain decoding reads it as
+    a hint, and the reply is read as before (entries for unknown ids are ignored).
+    """
+    item = CUE_SCHEMA["properties"]["cues"]["items"]
+    bounded_item = {
+        **item,
+        "properties": {
+            "id": {"type": "string", "enum": list(handles)},
+            "cues": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": _MAX_CUE_CHARS},
+                "maxItems": cues_per_fact,
+            },
+        },
+    }
+    return {**CUE_SCHEMA, "properties": {"cues": {"type": "array", "items": bounded_item, "maxItems": len(handles)}}}
 
 
 def text_key(text: str) -> str:
@@ -328,7 +356,10 @@ class CueWriter:
         for attempt in range(2):
             try:
                 completion = self.llm.complete(
-                    messages, schema=CUE_SCHEMA, max_tokens=self._max_tokens(len(facts)), temperature=temperature
+                    messages,
+                    schema=reply_schema(list(pending), self.cues_per_fact),
+                    max_tokens=self._max_tokens(len(facts)),
+                    temperature=temperature,
                 )
             except LLMError as exc:
                 batch.errors.append(f"{type(exc).__name__}: {exc}")

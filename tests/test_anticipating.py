@@ -108,6 +108,23 @@ def test_a_reply_cut_off_at_the_token_limit_keeps_the_entries_it_completed() -> 
     assert left.cues == {} and sorted(left.missing) == ["car", "knee"] and len(nothing.calls) == 2
 
 
+def test_each_cue_call_bounds_its_reply_to_the_facts_it_asks_about() -> None:
+    """The schema sent with a cue call allows one entry per fact asked, named by its handle, with at most
+    the cues asked for: a server that constrains decoding to it closes the reply there instead of
+    inventing facts until max_tokens. The repair is bounded to the facts still pending."""
+    llm = ScriptedLLM([{"cues": [{"id": "F1", "cues": CUES[KNEE]}]}, {"cues": [{"id": "F2", "cues": CUES[CAR]}]}])
+    batch = CueWriter(llm, cues_per_fact=3).write(facts()[:2])
+    assert batch.cues == {"knee": tuple(CUES[KNEE]), "car": tuple(CUES[CAR])} and len(llm.calls) == 2
+    first, repair = (call.schema["properties"]["cues"] for call in llm.calls)
+    assert first["maxItems"] == 2 and first["items"]["properties"]["id"]["enum"] == ["F1", "F2"]
+    cues = first["items"]["properties"]["cues"]
+    assert cues["maxItems"] == 3
+    longest = " ".join(["abcdefghi"] * MAX_CUE_WORDS)  # twelve long words still fit
+    assert cues["items"]["maxLength"] >= len(longest)
+    assert repair["maxItems"] == 1 and repair["items"]["properties"]["id"]["enum"] == ["F2"]
+    assert first["items"]["required"] == ["id", "cues"]
+
+
 def test_a_hung_model_leaves_facts_for_the_next_build_and_never_raises() -> None:
     llm = ScriptedLLM([LLMTimeoutError("late")])
     batch = CueWriter(llm).write(facts())
