@@ -79,7 +79,7 @@ def reply_schema(handles: Sequence[str], cues_per_fact: int) -> dict[str, Any]:
     cues of at most :data:`_MAX_CUE_CHARS` characters. A server that constrains decoding to the schema
     (llama.cpp turns it into a grammar) then closes the reply when every fact is answered: the local
     1.5B model otherwise went on inventing facts (``F23``... ``F53`` for a 22-turn session) until
-    ``max_tokens``, minutes of tokens that the cut-off salvage threw away. A reply the bounds do not
+    ``max_tokens``: minutes of tokens for entries nobody asked for. A reply the bounds do not
     bind is the reply an unbounded schema gives; a server that does not constrain decoding reads it as
     a hint, and the reply is read as before (entries for unknown ids are ignored).
     """
