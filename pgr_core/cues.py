@@ -56,6 +56,8 @@ CUE_SCHEMA: Mapping[str, Any] = {
     },
 }
 
+_CUE_ITEM: Mapping[str, Any] = CUE_SCHEMA["properties"]["cues"]["items"]  # one fact's entry
+
 MAX_CUE_WORDS = 12
 _MAX_CUE_CHARS = 160  # a cue string's ceiling in the reply's grammar: 12 words fit, a run-on line does not
 MIN_CUES = 2
@@ -83,19 +85,17 @@ def reply_schema(handles: Sequence[str], cues_per_fact: int) -> dict[str, Any]:
     bind is the reply an unbounded schema gives; a server that does not constrain decoding reads it as
     a hint, and the reply is read as before (entries for unknown ids are ignored).
     """
-    item = CUE_SCHEMA["properties"]["cues"]["items"]
-    bounded_item = {
-        **item,
+    fields = _CUE_ITEM["properties"]
+    cues = fields["cues"]
+    item = {
+        **_CUE_ITEM,
         "properties": {
-            "id": {"type": "string", "enum": list(handles)},
-            "cues": {
-                "type": "array",
-                "items": {"type": "string", "maxLength": _MAX_CUE_CHARS},
-                "maxItems": cues_per_fact,
-            },
+            "id": {**fields["id"], "enum": list(handles)},
+            "cues": {**cues, "items": {**cues["items"], "maxLength": _MAX_CUE_CHARS}, "maxItems": cues_per_fact},
         },
     }
-    return {**CUE_SCHEMA, "properties": {"cues": {"type": "array", "items": bounded_item, "maxItems": len(handles)}}}
+    entries = {**CUE_SCHEMA["properties"]["cues"], "items": item, "maxItems": len(handles)}
+    return {**CUE_SCHEMA, "properties": {"cues": entries}}
 
 
 def text_key(text: str) -> str:
@@ -386,7 +386,7 @@ class CueWriter:
         try:
             if completion.truncated:
                 cut = "the reply was cut off at the token limit"
-                items = complete_objects(completion.text, CUE_SCHEMA["properties"]["cues"]["items"], key="id")
+                items = complete_objects(completion.text, _CUE_ITEM, key="id")
                 if not items:
                     raise LLMOutputError(cut, raw=completion.text)
                 batch.errors.append(f"{cut}; {len(items)} complete entries before the cut kept")

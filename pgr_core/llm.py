@@ -342,6 +342,11 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+# how pgr reads a reply: a raw newline inside a string is still an answer (strict=False); NaN and
+# Infinity are not numbers
+_DECODER = json.JSONDecoder(strict=False, parse_constant=_no_constant)
+
+
 def _loads(text: str, *, max_chars: int, max_depth: int, what: str = "reply") -> Any:
     """``json.loads`` with the size and depth checked first; every failure is :class:`LLMOutputError`."""
     if len(text) > max_chars:
@@ -349,8 +354,8 @@ def _loads(text: str, *, max_chars: int, max_depth: int, what: str = "reply") ->
     depth = _nesting(text)
     if depth > max_depth:
         raise LLMOutputError(f"{what} nests {depth} levels deep, more than the {max_depth} pgr reads")
-    try:  # strict=False: a raw newline inside a string is still an answer
-        return json.loads(text, strict=False, parse_constant=_no_constant)
+    try:
+        return _DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise LLMOutputError(f"{what} is not valid JSON ({exc.msg})") from None
     except (ValueError, RecursionError) as exc:  # a 5,000-digit integer, NaN, Infinity
@@ -459,14 +464,13 @@ def complete_objects(
     text = text[:max_chars]
     if _nesting(text) > max_depth:
         return []
-    decoder = json.JSONDecoder(strict=False, parse_constant=_no_constant)
     found: list[Any] = []
     taken = 0  # the end of the last object read: a match before it lies inside that object
     for match in re.finditer(r'\{\s*"' + re.escape(key) + r'"\s*:', text):
         if match.start() < taken:
             continue
         try:
-            value, end = decoder.raw_decode(text, match.start())
+            value, end = _DECODER.raw_decode(text, match.start())
             if schema is not None:
                 _check(value, schema, "")
         except (ValueError, RecursionError, LLMOutputError):  # the object the cut fell in, or a wrong one
