@@ -374,8 +374,8 @@ class PGR(Savings, Drivers):
                 if p.trace.adaptive.skipped:
                     self._keep_query_hits(p, *lookup)
                     return
-        if isinstance(self.prospector, FeedbackProspector):
-            yield from self._feedback(p, self.prospector)
+        if self.prospector.grounded:
+            yield from self._grounded_round(p)
             return
         reused = self._reusable(p)
         if reused is not None:
@@ -482,10 +482,11 @@ class PGR(Savings, Drivers):
                 yield from self._query_fallback(p)
         return [p.found[i] for i in rnd.new_fact_ids]
 
-    def _feedback(self, p: Prospection, prospector: FeedbackProspector) -> Flow:
-        """The LLM-free feedback round (``strategy="feedback"``): the request, then the request joined
-        to its first hits, each read ``centring_depth`` deep (no floor) in one store call a round; R* is
-        the summed order (``_ranked``). A failed second call leaves the request's own list."""
+    def _grounded_round(self, p: Prospection) -> Flow:
+        """A ``grounded`` prospector's LLM-free round (``strategy="feedback"``: the request joined to its
+        first hits): the request, then the prospector's step from its hits, each read
+        ``centring_depth`` deep (no floor) in one store call a round; R* is the summed order
+        (``_ranked``). A failed second call leaves the request's own list."""
         cfg = self.config
         depth = max(cfg.query_top_k, cfg.centring_depth)
         params = cfg.probe_params().with_(top_k=depth, min_score=0.0)
@@ -493,7 +494,7 @@ class PGR(Savings, Drivers):
         with self._phase(p.trace, "initial"):
             hits = (yield from self._search(p, rnd, [Probe(p.query, "query")], params, limits=[(depth, 0.0)]))[0]
         rnd = self._new_round(p, "personalized")
-        step = prospector.step(p, hits)
+        step = self.prospector.grounded_step(p, hits)
         if step is None:
             p.trace.stop_reason = "no_new_probes"
             return
@@ -766,7 +767,7 @@ class PGR(Savings, Drivers):
         cfg = self.config
         p.trace.ranking = ranking = "fused" if p.trace.stop_reason == "adaptive_skip" else cfg.ranking
         probes = [pr for r in p.trace.rounds for pr in r.probes]
-        if isinstance(self.prospector, FeedbackProspector) and ranking != "fused":
+        if self.prospector.grounded and ranking != "fused":
             p.trace.ranking = "summed"
             facts = summed_order(p.found, probes)
         elif ranking == "fused":

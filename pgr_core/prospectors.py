@@ -211,6 +211,16 @@ class Prospector(ABC):
     #: True when :meth:`revise` returns the whole revised plan (steps left out are pruned, steps whose
     #: ``status`` is ``"kept"`` are not probed again); False when it returns only steps to add.
     whole_plan: ClassVar[bool] = False
+    #: True when the prospector grounds its steps in what the request found, with no LLM: the policy
+    #: probes the request alone first (read ``centring_depth`` deep), asks :meth:`grounded_step` for
+    #: one step from those hits, probes it, and orders R* by the sum of each fact's two scores
+    #: (:func:`pgr_core.ranking.summed_order`). :meth:`initial` and :meth:`revise` are not called.
+    grounded: ClassVar[bool] = False
+
+    def grounded_step(self, p: Prospection, hits: Sequence[Hit]) -> Step | None:
+        """A ``grounded`` prospector's one step from the request's own hits (best first); None when
+        there is nothing to ground it in. Not called for other prospectors."""
+        return None
 
     def augment(self, p: Prospection, context: list[Hit]) -> Flow:
         """Return q_A, the query restated with context. The default keeps the query as it is."""
@@ -698,18 +708,19 @@ class FeedbackProspector(NoProspection):
     (:func:`pgr_core.ranking.summed_order`): a fact the second probe found must also be near the
     request, so the step cannot drift off the request's subject on its own. Two store calls, no
     LLM call. Each fact joined is cut to 500 characters (a long document chunk would crowd out the
-    request). The policy runs this round itself (``PGR._feedback``); ``initial`` and ``revise`` are
-    :class:`NoProspection`'s and propose nothing.
+    request). It is ``grounded``: the policy runs the round and asks :meth:`grounded_step` for the
+    step; ``initial`` and ``revise`` are :class:`NoProspection`'s and propose nothing.
     """
 
     name = "feedback"
+    grounded = True
 
     def __init__(self, facts: int = 3) -> None:
         if isinstance(facts, bool) or not isinstance(facts, int) or facts < 1:
             raise InvalidArgumentError(f"facts must be an integer >= 1, got {facts!r}")
         self.facts = facts
 
-    def step(self, p: Prospection, hits: Sequence[Hit]) -> Step | None:
+    def grounded_step(self, p: Prospection, hits: Sequence[Hit]) -> Step | None:
         """The feedback step from the request's own list (direct hits, best first); None when it has none."""
         texts = [" ".join(h.fact.text.split())[:_MAX_FEEDBACK_CHARS] for h in hits if h.neighbour_of is None]
         texts = texts[: self.facts]

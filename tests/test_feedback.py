@@ -116,6 +116,36 @@ def test_an_empty_memory_asks_once_and_returns_nothing() -> None:
     assert result.ids == [] and len(spy.calls) == 1 and not result.degraded
 
 
+def test_a_users_own_grounded_prospector_gets_the_same_round() -> None:
+    """The round belongs to any prospector that says it is ``grounded``, not to one class: a step built
+    from the request's hits is probed, and R* is summed over both probes."""
+    from pgr_core.prospectors import NoProspection, Prospection
+    from pgr_core.trace import Step
+
+    class Second(NoProspection):
+        name = "second"
+        grounded = True
+
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def grounded_step(self, p: Prospection, hits: Sequence[Hit]) -> Step | None:
+            self.seen.extend(h.fact.text for h in hits)
+            return Step(id="r1.1", text="the knee", dimension="mine", round=p.round, probe="knee surgery in March")
+
+    spy = Spy(_store())
+    second = Second()
+    result = PGR(spy, strategy=second, centring=None).retrieve(QUERY, scope=ALICE)
+    assert second.seen[0] == "physio visit on Tuesday" and "knee surgery in March" in second.seen
+    assert [probes for probes, _, _ in spy.calls] == [[QUERY], ["knee surgery in March"]]
+    assert [scope for _, scope, _ in spy.calls] == [ALICE, ALICE]
+    assert result.trace.ranking == "summed" and result.trace.usage.llm_calls == 0
+    assert "knee surgery in March" in [f.text for f in result.top(2)]
+    # a prospector that is not grounded is never asked for a grounded step
+    assert NoProspection().grounded is False
+    assert PGR(_store(), strategy="none", centring=None).retrieve(QUERY, scope=ALICE).trace.ranking != "summed"
+
+
 def test_bad_fact_count_is_named() -> None:
     for bad in (0, -1, 2.5, True):
         with pytest.raises(InvalidArgumentError, match="facts"):
