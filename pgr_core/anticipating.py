@@ -36,6 +36,7 @@ __all__ = [
     "AUTO",
     "CENTRED_DEPTH",
     "DEFAULT_CUE_WEIGHT",
+    "NEAREST",
     "SCORINGS",
     "Anticipating",
     "CueBuildReport",
@@ -50,8 +51,18 @@ SCORINGS = ("max", "centred")
 AUTO = "auto"  # the default: "centred" where the store can be centred (it lists a scope's facts and
 # reads or embeds their vectors), "max" where it cannot
 CENTRED_DEPTH = 100  # facts (and cue_depth x as many cues) read per probe under scoring="centred"
+NEAREST = (0.7, 0.2)
+"""Under ``scoring="centred"``, how much of the user's memory a typicality is read against: a fact's,
+its nearest 70% of the user's other facts; a cue's, its nearest 20% of the cues of the user's other
+facts (:class:`~pgr_core.centring.MemoryCentre`'s ``nearest``). Picked on MQ-lite dev and LoCoMo
+conv-30 (benchmarks/RESULTS.md); ``nearest=None`` reads both against the whole memory's mean."""
 
 _SEP = "~cue"
+
+
+def _cue_owner(cue: Fact) -> str:
+    """The fact a cue record was written for (its ``fact_id``): a cue's typicality leaves its siblings out."""
+    return str(cue.metadata.get("fact_id") or cue.id)
 
 
 def _text_key(text: str) -> str:
@@ -176,6 +187,12 @@ class Anticipating(AddsOneFact, Store):
       cues were written with no other fact beside it).
       A fact's score is ``2 / (1 + w) x (own term + w x cue term)`` for a cue weight ``w``: the sum
       above at ``w = 1``, twice its own term at ``w = 0``. ``False``: always in full.
+    - ``nearest``: under ``scoring="centred"``, how much of the memory a typicality is read against,
+      ``(facts, cues)``: a fact's is its mean cosine to the nearest ``facts`` share of the scope's other
+      facts, a cue's its mean cosine to the nearest ``cues`` share of the cues of the scope's other
+      facts (:class:`~pgr_core.centring.MemoryCentre`). Default :data:`NEAREST`, ``(0.7, 0.2)``: a cue
+      like many of the user's other cues ("should I try a new diet?") counts as typical, although it
+      is far from the mean of them all. ``None``: both against the whole scope's mean (the rule before).
     - ``writer``: a :class:`CueWriter`; with it, every fact written through the wrapper gets cues at
       once (one call per write batch). Without it, :meth:`build` backfills.
     """
@@ -189,6 +206,7 @@ class Anticipating(AddsOneFact, Store):
         writer: CueWriter | None = None,
         scoring: str = AUTO,
         cue_trust: bool = True,
+        nearest: tuple[float, float] | None = NEAREST,
     ) -> None:
         if not isinstance(store, Store):
             raise InvalidArgumentError(f"Anticipating wraps a pgr Store, got {type(store).__name__}")
@@ -199,6 +217,14 @@ class Anticipating(AddsOneFact, Store):
         if scoring not in (AUTO, *SCORINGS):
             raise InvalidArgumentError(
                 f"scoring must be one of {', '.join(map(repr, (AUTO, *SCORINGS)))}, got {scoring!r}"
+            )
+        if nearest is not None and (
+            not isinstance(nearest, tuple)
+            or len(nearest) != 2
+            or not all(isinstance(p, int | float) and not isinstance(p, bool) and 0.0 < p <= 1.0 for p in nearest)
+        ):
+            raise InvalidArgumentError(
+                f"nearest must be (facts, cues), two fractions in (0, 1], or None, got {nearest!r}"
             )
         if scoring == AUTO:
             scoring = "centred" if can_centre(store) else "max"
@@ -218,7 +244,11 @@ class Anticipating(AddsOneFact, Store):
         self._trust: CueTrust | None = None
         if scoring == "centred":
             embedder = getattr(store, "embedder", None)
-            self._centres = (MemoryCentre(store, embedder), MemoryCentre(self.cues, embedder))
+            near_facts, near_cues = nearest if nearest is not None else (None, None)
+            self._centres = (
+                MemoryCentre(store, embedder, nearest=near_facts),
+                MemoryCentre(self.cues, embedder, nearest=near_cues, owner=_cue_owner),
+            )
             if cue_trust:
                 self._trust = CueTrust(store, self.cues, embedder, self._cue_records)
 
@@ -342,7 +372,9 @@ class Anticipating(AddsOneFact, Store):
         else:  # the scope's cues tell their facts apart no better than chance: its own text ranks a fact
             by_cue = [[] for _ in probes]
         facts_typical = facts_centre.typicality(scope, *hit_texts(base))
-        cues_typical = cues_centre.typicality(scope, *hit_texts(by_cue))
+        cue_ids, cue_texts = hit_texts(by_cue)
+        cue_facts = {h.fact.id: _cue_owner(h.fact) for hits in by_cue for h in hits}
+        cues_typical = cues_centre.typicality(scope, cue_ids, cue_texts, [cue_facts[c] for c in cue_ids])
         # per probe: fact id -> (centred own term, fact, cosine); fact id -> (best centred cue term, that
         # cue, its cosine); the facts τ keeps (it reads a cosine: the fact's own, or cue_weight x a cue's)
         read: list[tuple[dict[str, tuple[float, Fact, float]], dict[str, tuple[float, str, float]], list[str]]] = []

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import numpy as np
 
 from .embedders import unit_rows
-from .types import Hit, Scope
+from .errors import InvalidArgumentError
+from .types import Fact, Hit, Scope
 
 if TYPE_CHECKING:
     from .embedders import Embedder
@@ -45,6 +46,7 @@ __all__ = ["CentringUnavailable", "MemoryCentre", "PerScope", "centrable", "cent
 T = TypeVar("T")
 
 _MAX_EMBEDDED = 2000  # a store that gives no vectors: the mean of an even sample of at most this many facts
+_MAX_NEIGHBOURS = 2000  # nearest=p: a fact's neighbours are sought among an even sample of at most this many
 
 
 class CentringUnavailable(Exception):
@@ -53,10 +55,13 @@ class CentringUnavailable(Exception):
 
 @dataclass(frozen=True)
 class _Centre:
-    """One scope's mean, and the typicality of every fact it was built from (read once, with it)."""
+    """One scope's mean, and the typicality of every fact it was built from (read once, with it).
+    Under ``nearest``, also the facts a typicality is read against (an even sample) and their owners."""
 
     mean: np.ndarray | None  # None: the store lists no fact for the scope
     typical: dict[str, float]
+    sample: np.ndarray | None = None  # unit rows (nearest=p only)
+    owners: np.ndarray | None = None  # each sample row's owner (nearest=p only)
 
 
 def centrable(store: Any, embedder: Any = None) -> bool:
@@ -114,12 +119,33 @@ class MemoryCentre:
     up, not read again from the store; only a fact the mean did not see (one left out of the sample) is.
     Thread-safe; a scope's centre is rebuilt after the store reports a write there (a build that started
     before the write is not kept). At most ``max_scopes`` are kept, least recently used first out.
+
+    ``nearest=p`` (in (0, 1]) reads a fact's typicality against the part of the memory nearest it
+    instead of all of it: the mean of its ``round(p x m)`` highest cosines to the scope's other facts
+    (``m`` of them; at most an even sample of 2,000), leaving out every fact of the same ``owner``
+    (itself; for a cue index, the other cues of the same fact). A cue that reads like many of the
+    user's other cues ("should I try a new diet?") is then typical although the user's cues, taken
+    together, point elsewhere. ``owner`` maps a fact to its owner (default: its id).
     """
 
-    def __init__(self, store: Store, embedder: Embedder | None, *, max_scopes: int = 256) -> None:
+    def __init__(
+        self,
+        store: Store,
+        embedder: Embedder | None,
+        *,
+        max_scopes: int = 256,
+        nearest: float | None = None,
+        owner: Callable[[Fact], str] | None = None,
+    ) -> None:
+        if nearest is not None and (
+            isinstance(nearest, bool) or not isinstance(nearest, int | float) or not 0.0 < nearest <= 1.0
+        ):
+            raise InvalidArgumentError(f"nearest must be a fraction in (0, 1] or None, got {nearest!r}")
         self.store = store
         self.embedder = embedder
         self.max_scopes = max_scopes
+        self.nearest = None if nearest is None else float(nearest)
+        self.owner: Callable[[Fact], str] = owner or (lambda f: f.id)
         self._centres: PerScope[_Centre] = PerScope(max_scopes)
         store.add_listener(self.invalidate)  # held weakly: dropping the PGR drops this
 
@@ -128,18 +154,42 @@ class MemoryCentre:
         them when None, or when an owner cannot be matched). Never raises."""
         self._centres.invalidate(scopes)
 
-    def typicality(self, scope: Scope, fact_ids: Sequence[str], texts: Sequence[str]) -> dict[str, float]:
-        """fact id -> its mean cosine to ``scope``'s facts. Raises :class:`CentringUnavailable`."""
+    def typicality(
+        self, scope: Scope, fact_ids: Sequence[str], texts: Sequence[str], owners: Sequence[str] | None = None
+    ) -> dict[str, float]:
+        """fact id -> its mean cosine to ``scope``'s facts (under ``nearest``, to the nearest of them not
+        of its owner; ``owners``: each fact's, default its id). Raises :class:`CentringUnavailable`."""
         if not fact_ids:
             return {}
         centre = self._centre(scope)
         if centre.mean is None:  # the store lists no fact for the scope: nothing is typical of it
             return dict.fromkeys(fact_ids, 0.0)
         out = {fid: centre.typical[fid] for fid in fact_ids if fid in centre.typical}
+        whose = dict(zip(fact_ids, owners if owners is not None else fact_ids, strict=True))
         unseen = [(fid, text) for fid, text in zip(fact_ids, texts, strict=True) if fid not in out]
         if unseen:
             ids, rest = [fid for fid, _ in unseen], [text for _, text in unseen]
-            out.update(zip(ids, (float(v) for v in self._vectors(scope, ids, rest) @ centre.mean), strict=True))
+            vectors = self._vectors(scope, ids, rest)
+            if centre.sample is None:
+                found = vectors @ centre.mean
+            else:
+                found = self._nearest(vectors, np.asarray([whose[i] for i in ids], dtype=object), centre)
+            out.update(zip(ids, (float(v) for v in found), strict=True))
+        return out
+
+    def _nearest(self, vectors: np.ndarray, owners: np.ndarray, centre: _Centre) -> np.ndarray:
+        """Each row's mean cosine to its ``round(nearest x m)`` nearest sample rows of another owner."""
+        assert centre.sample is not None and centre.owners is not None and self.nearest is not None
+        out = np.zeros(len(vectors))
+        for start in range(0, len(vectors), 512):  # 512 x 2,000 cosines at a time
+            cos = vectors[start : start + 512] @ centre.sample.T
+            cos[owners[start : start + 512, None] == centre.owners[None, :]] = -np.inf
+            eligible = np.isfinite(cos).sum(axis=1)
+            ordered = -np.sort(-cos, axis=1)
+            k = np.maximum(1, np.rint(self.nearest * eligible).astype(int))
+            sums = np.cumsum(np.where(np.isfinite(ordered), ordered, 0.0), axis=1)
+            rows = np.arange(len(cos))
+            out[start : start + len(cos)] = np.where(eligible > 0, sums[rows, k - 1] / k, 0.0)
         return out
 
     # ------------------------------------------------------------------ internals
@@ -159,7 +209,19 @@ class MemoryCentre:
                 facts = [facts[int(i * step)] for i in range(_MAX_EMBEDDED)]
             vectors = self._vectors(scope, [f.id for f in facts], [f.text for f in facts])
             mean = vectors.mean(axis=0)
-            centre = _Centre(mean, {f.id: float(v) for f, v in zip(facts, vectors @ mean, strict=True)})
+            if self.nearest is None:
+                centre = _Centre(mean, {f.id: float(v) for f, v in zip(facts, vectors @ mean, strict=True)})
+            else:
+                # the neighbours are sought in an even sample; its own facts' typicality is read at once,
+                # any other fact's when a search first returns it
+                if len(facts) > _MAX_NEIGHBOURS:
+                    step = len(facts) / _MAX_NEIGHBOURS
+                    at = [int(i * step) for i in range(_MAX_NEIGHBOURS)]
+                    facts, vectors = [facts[i] for i in at], vectors[at]
+                owners = np.asarray([self.owner(f) for f in facts], dtype=object)
+                centre = _Centre(mean, {}, vectors, owners)
+                found = self._nearest(vectors, owners, centre)
+                centre.typical.update((f.id, float(v)) for f, v in zip(facts, found, strict=True))
         return centre
 
     def _vectors(self, scope: Scope, ids: list[str], texts: list[str]) -> np.ndarray:

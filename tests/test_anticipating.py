@@ -7,11 +7,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from loopback_llm import LoopbackLLM, ok, sane
 
 from pgr_core import PGR, Anticipating, CueCache, CueWriter, EdgeStore, Fact, HashingEmbedder, InMemoryStore, Scope
-from pgr_core.anticipating import cue_ids, cue_path_for
+from pgr_core.anticipating import NEAREST, cue_ids, cue_path_for
 from pgr_core.cli import main
 from pgr_core.cues import MAX_CUE_WORDS, RETRY_TEMPERATURE, check_cues
 from pgr_core.embedders import unit_rows
@@ -197,7 +198,7 @@ def test_centred_scoring_sums_own_and_best_cue_each_less_its_typicality_in_the_c
     inner = InMemoryStore(embedder=HashingEmbedder())
     bob = "Bob's knee is perfect and he runs"
     inner.add_facts([*facts(U1), Fact(id="bob-knee", text=bob, scope=U2)])
-    store = Anticipating(inner, scoring="centred")
+    store = Anticipating(inner, scoring="centred", nearest=None)  # typicality against the whole mean
     store.build(CueWriter(cue_llm(CUES)), scope=U1)
     store.build(CueWriter(cue_llm({bob: ["soccer league this summer for Bob", "a race"]})), scope=U2)
     unit = lambda texts: unit_rows(inner.embedder.embed(texts))  # noqa: E731
@@ -231,12 +232,55 @@ def test_centred_scoring_sums_own_and_best_cue_each_less_its_typicality_in_the_c
         Anticipating(InMemoryStore(embedder=HashingEmbedder()), scoring="sum")
 
 
+def test_by_default_a_typicality_is_read_against_the_nearest_share_of_the_callers_memory() -> None:
+    """``nearest=(0.7, 0.2)``: a fact's typicality is its mean cosine to its nearest 70% of the user's
+    other facts, a cue's to its nearest 20% of the cues of the user's other facts (its own fact's cues
+    and every other user's left out)."""
+    inner = InMemoryStore(embedder=HashingEmbedder())
+    bob = "Bob's knee is perfect and he runs"
+    inner.add_facts([*facts(U1), Fact(id="bob-knee", text=bob, scope=U2)])
+    store = Anticipating(inner, scoring="centred", cue_trust=False)
+    assert NEAREST == (0.7, 0.2)
+    store.build(CueWriter(cue_llm(CUES)), scope=U1)
+    store.build(CueWriter(cue_llm({bob: ["soccer league this summer for Bob", "a race"]})), scope=U2)
+    unit = lambda texts: unit_rows(inner.embedder.embed(texts))  # noqa: E731
+    probe = "should I join a soccer league this summer"
+    q = unit([probe])[0]
+    texts = {f.id: f.text for f in facts(U1)}
+
+    def typical(v: np.ndarray, others: np.ndarray, share: float) -> float:
+        near = np.sort(others @ v)[::-1]
+        return float(near[: max(1, round(share * len(near)))].mean())
+
+    own_terms, cue_terms = {}, {}
+    for fid, text in texts.items():
+        own = unit([text])[0]
+        others = unit([t for f, t in texts.items() if f != fid])
+        if own @ q >= 0:
+            own_terms[fid] = float(own @ q) - typical(own, others, 0.7)
+        sibling_free = unit([c for t, cs in CUES.items() if t != text for c in cs])
+        read = [float(c @ q) - typical(c, sibling_free, 0.2) for c in unit(CUES[text]) if c @ q >= 0]
+        if read:
+            cue_terms[fid] = max(read)
+    low_own, low_cue = min(own_terms.values()), min(cue_terms.values())
+    want = {fid: own_terms.get(fid, low_own) + cue_terms.get(fid, low_cue) for fid in texts}
+    hits = store.search_batch([probe], scope=U1, params=SearchParams(top_k=3, min_score=0.0))[0]
+    assert {h.fact.id: h.score for h in hits} == pytest.approx(want, abs=1e-5)
+    assert [h.fact.id for h in hits] == sorted(want, key=lambda f: -want[f])
+    whole = Anticipating(inner, cues=store.cues, scoring="centred", cue_trust=False, nearest=None)
+    plain = whole.search_batch([probe], scope=U1, params=SearchParams(top_k=3, min_score=0.0))[0]
+    assert [h.score for h in plain] != pytest.approx([h.score for h in hits], abs=1e-5)  # the rule is in use
+    for bad in ((0.0, 0.2), (0.7,), (0.7, 1.5), 0.7, (True, 0.2)):
+        with pytest.raises(InvalidArgumentError, match="nearest"):
+            Anticipating(InMemoryStore(embedder=HashingEmbedder()), nearest=bad)  # type: ignore[arg-type]
+
+
 def test_centred_scoring_counts_an_uncued_facts_own_term_twice_and_hands_back_the_raw_similarity() -> None:
     """A fact with no cues (not built yet, or its reply failed) is not marked down to the lowest cue
     term read: its own term stands for its cue term. Every hit carries the cosines behind its sum."""
     inner = InMemoryStore(embedder=HashingEmbedder())
     inner.add_facts(facts(U1))
-    store = Anticipating(inner, scoring="centred")
+    store = Anticipating(inner, scoring="centred", nearest=None)  # typicality against the whole mean
     store.build(CueWriter(cue_llm({KNEE: CUES[KNEE], PIZZA: CUES[PIZZA]})), scope=U1)  # the car has none
     assert set(store.cues_of(["knee", "car", "pizza"], scope=U1)) == {"knee", "pizza"}
     unit = lambda texts: unit_rows(inner.embedder.embed(texts))  # noqa: E731

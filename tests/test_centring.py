@@ -177,3 +177,35 @@ def test_a_scope_the_store_lists_nothing_for_makes_nothing_typical() -> None:
     centre = MemoryCentre(store, embedder)
     assert centre.typicality(Scope(user_id="nobody"), ["a0"], ["typical 0"]) == {"a0": 0.0}
     assert centre.typicality(ALICE, [], []) == {}
+
+
+def test_nearest_reads_a_typicality_against_the_nearest_share_of_other_owners_facts() -> None:
+    """``nearest=p``: a fact's mean cosine to its round(p x m) nearest facts of the scope owned by
+    someone else (its siblings and itself left out), other scopes never counted; a fact the build did
+    not see (written to another scope's store later, or beyond the sample) is read on demand alike."""
+    rng = np.random.default_rng(7)
+    rows = rng.normal(size=(12, 3))
+    vectors = {f"t{i}": tuple(r) for i, r in enumerate(rows)}
+    store = InMemoryStore(embedder=Hand(vectors))
+    owner_of = {f"f{i}": f"o{i // 2}" for i in range(10)}  # two facts per owner
+    store.add_facts([Fact(id=f"f{i}", text=f"t{i}", scope=ALICE, metadata={"o": owner_of[f"f{i}"]}) for i in range(10)])
+    store.add_facts([Fact(id=f"b{i}", text=f"t{i}", scope=BOB) for i in (10, 11)])  # Bob's never count
+    centre = MemoryCentre(store, store.embedder, nearest=0.5, owner=lambda f: str(f.metadata["o"]))
+    unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+    def want(i: int, owner: str) -> float:
+        near = sorted((float(unit[i] @ unit[j]) for j in range(10) if owner_of[f"f{j}"] != owner), reverse=True)
+        return float(np.mean(near[: round(0.5 * len(near))]))  # 8 others: the nearest 4
+
+    got = centre.typicality(ALICE, [f"f{i}" for i in range(10)], [f"t{i}" for i in range(10)])
+    assert got == pytest.approx({f"f{i}": want(i, owner_of[f"f{i}"]) for i in range(10)}, abs=1e-6)
+    # a text the build never saw, given its owner: read against the same neighbours
+    unseen = centre.typicality(ALICE, ["new"], ["t11"], ["o0"])
+    near = sorted((float(unit[11] @ unit[j]) for j in range(2, 10)), reverse=True)
+    assert unseen["new"] == pytest.approx(float(np.mean(near[:4])), abs=1e-6)
+    whole = MemoryCentre(store, None).typicality(ALICE, ["f0"], ["t0"])["f0"]
+    assert whole == pytest.approx(float(unit[0] @ unit[:10].mean(axis=0)), abs=1e-6)
+    assert got["f0"] != pytest.approx(whole, abs=1e-3)
+    for bad in (0.0, 1.5, True, "half"):
+        with pytest.raises(InvalidArgumentError, match="nearest"):
+            MemoryCentre(store, None, nearest=bad)  # type: ignore[arg-type]
