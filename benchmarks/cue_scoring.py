@@ -30,6 +30,13 @@ ranked, and recall@10 / recall@20 averaged. The rules:
   text less its cosine to the mean of its user's fact vectors, a cue less its cosine to the mean of its
   user's cue vectors; ``max(own, w*best), centred`` is ``Anticipating``'s rule over centred scores.
 
+- ``nearest (pf, pc)``: ``Anticipating``'s default since the nearest-share rule
+  (``pgr_core.anticipating.NEAREST``): a fact's typicality is its mean cosine to its nearest ``pf``
+  share of the user's other facts, a cue's to its nearest ``pc`` share of the cues of the user's other
+  facts, instead of the cosine to the whole mean. ``--nearest-grid`` scores a grid of shares and, for
+  each user in turn, the share the other users' questions pick (leave one user out), against the
+  rule before, with the questions each moved up or down.
+
 - the last four rows use the same cues beside their session, centred and summed: cues too close to
   their own fact's text dropped; a fact whose cue set reads as another fact's given a smaller cue
   weight (``2 / (1 + w) x (own + w x cue)``); each cue credited to the fact of its session nearest it as
@@ -53,6 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from pgr_core import CueCache, CueWriter, MiniLMEmbedder
+from pgr_core.anticipating import NEAREST
 from pgr_core.cue_trust import alignment, session_of
 from pgr_core.cues import DEFAULT_CUES
 from pgr_core.evaluation import load_set
@@ -92,6 +100,11 @@ def main() -> int:
     )
     p.add_argument("--cues-per-fact", type=int, default=DEFAULT_CUES, help="the build to read: cues asked per fact")
     p.add_argument(
+        "--nearest-grid",
+        action="store_true",
+        help="also score nearest-share typicality over a grid of (fact, cue) shares; pick one leaving each user out",
+    )
+    p.add_argument(
         "--writer",
         default=None,
         help="the cache key to read cues under, as CueWriter.identity (model|cues-<prompt digest>|count): "
@@ -124,6 +137,51 @@ def main() -> int:
         cue_mean = np.mean(mine_cues, 0) if mine_cues else own_v[mine].mean(0)
         centres[scope] = (own_v[mine].mean(0), cue_mean)
         cue_typical[scope] = float(np.mean([v @ cue_mean for v in mine_cues])) if mine_cues else 0.0
+
+    # nearest-share typicality (MemoryCentre(nearest=p)): a fact's mean cosine to its nearest share of
+    # the user's other facts, a cue's to its nearest share of the cues of the user's other facts
+    fact_shares = [0.1, 0.2, 0.3, 0.5, 0.7, 1.0] if args.nearest_grid else [NEAREST[0]]
+    cue_shares = [0.05, 0.1, 0.2, 0.3, 0.5, 1.0] if args.nearest_grid else [NEAREST[1]]
+    near_fact: dict[float, np.ndarray] = {pf: np.zeros(len(facts)) for pf in fact_shares}
+    near_cue: dict[float, dict[tuple[int, str], float]] = {pc: {} for pc in cue_shares}
+
+    def nearest_means(sims: np.ndarray, shares: list[float]) -> dict[float, np.ndarray]:
+        """Per row, the mean of its round(share x m) highest finite entries (m finite in the row)."""
+        m = np.isfinite(sims).sum(axis=1)
+        ordered = -np.sort(-sims, axis=1)
+        sums = np.cumsum(np.where(np.isfinite(ordered), ordered, 0.0), axis=1)
+        out = {}
+        for share in shares:
+            k = np.maximum(1, np.rint(share * m).astype(int))
+            out[share] = np.where(m > 0, sums[np.arange(len(sims)), k - 1] / k, 0.0)
+        return out
+
+    for user_scope in {f.scope for f in facts}:
+        mine = [i for i, f in enumerate(facts) if f.scope == user_scope]
+        sims = own_v[mine] @ own_v[mine].T
+        np.fill_diagonal(sims, -np.inf)
+        for pf, row in nearest_means(sims, fact_shares).items():
+            near_fact[pf][mine] = row
+        items = [(i, c) for i in mine for c in cues[i]]
+        if items:
+            owner = np.array([i for i, _ in items])
+            block = np.stack([cue_v[c] for _, c in items])
+            sims = block @ block.T
+            sims[owner[:, None] == owner[None, :]] = -np.inf  # a cue's siblings (and itself) left out
+            for pc, row in nearest_means(sims, cue_shares).items():
+                near_cue[pc].update(zip(items, map(float, row), strict=True))
+
+    def nearest_terms(
+        q: np.ndarray, idx: list[int], own: np.ndarray, pf: float, pc: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        own_n = own - near_fact[pf][idx]
+        best_n = np.array(
+            [
+                max(float(cue_v[c] @ q) - near_cue[pc][(i, c)] for c in cues[i]) if cues[i] else own_n[j]
+                for j, i in enumerate(idx)
+            ]
+        )
+        return own_n, best_n
 
     def rules(q: np.ndarray, idx: list[int]) -> dict[str, np.ndarray]:
         own = own_v[idx] @ q
@@ -168,7 +226,21 @@ def main() -> int:
             "max(own, 1.0*best), the cues' excess typicality taken off": np.maximum(own, best_s),
             "max(own, 1.0*best), centred": np.maximum(own_c, best_c),
             "own + best, centred (Anticipating, cue_trust=False)": own_c + best_c,
-            "own + trust*best, centred (Anticipating, the default)": trusted(idx, own_c, best_c),
+            "own + trust*best, centred on the whole mean (Anticipating, nearest=None: the rule before)": trusted(
+                idx, own_c, best_c
+            ),
+            f"own + trust*best, nearest {NEAREST} (Anticipating, the default)": trusted(
+                idx, *nearest_terms(q, idx, own, *NEAREST)
+            ),
+            **(
+                {
+                    f"own + trust*best, nearest ({pf}, {pc})": trusted(idx, *nearest_terms(q, idx, own, pf, pc))
+                    for pf in fact_shares
+                    for pc in cue_shares
+                }
+                if args.nearest_grid
+                else {}
+            ),
             "own + trust*best, centred, no floor (the cue term dropped at trust 0, the rule before)": trusted(
                 idx, own_c, best_c, floor=0.0
             ),
@@ -286,6 +358,35 @@ def main() -> int:
     for name in out:
         cells = "".join(f" {v:.3f} |" for v in per_user(name)) if shown else ""
         print(f"| {name} | {table(name, 10):.3f} | {table(name, 20):.3f} |{cells}")
+    louo: list[dict[str, object]] = []
+    if args.nearest_grid:
+        before = "own + trust*best, centred on the whole mean (Anticipating, nearest=None: the rule before)"
+        grid = [n for n in out if n.startswith("own + trust*best, nearest (")]
+        print(f"\nnearest shares, recall@20 (rows: the facts' share; columns: the cues' share {cue_shares}):")
+        for pf in fact_shares:
+            print(
+                f"  {pf}: "
+                + " ".join(f"{table(f'own + trust*best, nearest ({pf}, {pc})', 20):.3f}" for pc in cue_shares)
+            )
+        users_of = [user_of(q) for q in questions]
+        at20 = lambda name, keep: [r for r, u in zip(out[name][20], users_of, strict=True) if keep(u)]  # noqa: E731
+        for u in users if len(users) > 1 else []:
+            others, held = (lambda x, u=u: x != u), (lambda x, u=u: x == u)
+            picked = max(grid, key=lambda n: statistics.fmean(at20(n, others)))
+            new, old = at20(picked, held), at20(before, held)
+            entry: dict[str, object] = {
+                "held_out": u,
+                "picked": picked,
+                "recall@20": round(statistics.fmean(new), 3),
+                "before": round(statistics.fmean(old), 3),
+                "up": sum(a > b for a, b in zip(new, old, strict=True)),
+                "down": sum(a < b for a, b in zip(new, old, strict=True)),
+            }
+            louo.append(entry)
+            print(
+                f"  {u} left out: the others pick {picked!r}: {entry['recall@20']} against {entry['before']} before "
+                f"({entry['up']} questions up, {entry['down']} down)"
+            )
     if args.json:
         rows = {
             name: {f"recall@{k}": table(name, k) for k in (10, 20)}
@@ -299,6 +400,7 @@ def main() -> int:
             "alignment": aligned,
             "trust": aligned_by_scope,
             "rules": rows,
+            "nearest_left_one_user_out": louo,
         }
         args.json.write_text(json.dumps(report, indent=1))
     return 0

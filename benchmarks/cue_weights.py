@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pgr_core import PGR, Anticipating, CueCache, CueWriter
+from pgr_core.anticipating import NEAREST
 from pgr_core.cues import DEFAULT_CUES
 from pgr_core.errors import LLMConnectionError
 from pgr_core.evaluation import load_set
@@ -59,13 +60,33 @@ def recalls(store: Any, questions: list[Any], ks: list[int], strategy: str | Non
     return {f"recall@{k}": round(statistics.fmean(v), 4) for k, v in out.items()}
 
 
+def cold(store: Any, cues: Any, questions: list[Any]) -> dict[str, float]:
+    """Median milliseconds of the first centred query-only search in a user's scope on a fresh wrapper
+    (what the first search after a write pays: the scope's centres and cue trust built cold), with
+    typicality against the nearest share of the memory (the default) and against the whole mean."""
+    firsts = list({q.scope: q for q in questions}.values())
+    times: dict[str, list[float]] = {"nearest": [], "whole_mean": []}
+    for _ in range(3):
+        for q in firsts:
+            for name, nearest in (("nearest", NEAREST), ("whole_mean", None)):
+                pgr = PGR(Anticipating(store, cues=cues, scoring="centred", nearest=nearest))
+                t0 = time.perf_counter()
+                pgr.query_only(q.question, scope=q.scope, date=q.date, top_k=20)
+                times[name].append(1000 * (time.perf_counter() - t0))
+    return {f"cold_{name}_ms": round(statistics.median(t), 3) for name, t in times.items()}
+
+
 def latency(plain: Any, cued: Any, questions: list[Any], centred: Any = None) -> dict[str, Any]:
     """Median milliseconds of one query-only search (the question embedded from the probe cache after
     the first pass, so the figures compare the store calls), plain, through Anticipating, and through
-    Anticipating(scoring="centred") when given; and of one retrieve with the LLM-free feedback round
-    (``strategy="feedback"``: two store calls, the joined text embedded) over the plain store and over
-    the centred one (``*_feedback_ms``)."""
-    pgrs = {"plain": PGR(plain), "cued": PGR(cued)} | ({"centred": PGR(centred)} if centred is not None else {})
+    Anticipating(scoring="centred") when given (its default typicality, against the nearest share of
+    the memory, and against the whole mean: ``centred_whole_mean``); and of one retrieve with the
+    LLM-free feedback round (``strategy="feedback"``: two store calls, the joined text embedded) over
+    the plain store and over the centred one (``*_feedback_ms``)."""
+    pgrs = {"plain": PGR(plain), "cued": PGR(cued)}
+    if centred is not None:
+        whole = Anticipating(centred.store, cues=centred.cues, scoring="centred", nearest=None)
+        pgrs |= {"centred": PGR(centred), "centred_whole_mean": PGR(whole)}
     feedback = {"plain_feedback": PGR(plain, strategy="feedback")}
     if centred is not None:
         feedback["centred_feedback"] = PGR(centred, strategy="feedback")
@@ -145,12 +166,19 @@ def main() -> int:
     rows["query-only over Anticipating, scoring=centred"] = recalls(centred, questions, ks)
     rows["pgr-feedback (plain store, centred by pgr)"] = recalls(store, questions, ks, strategy="feedback")
     rows["pgr-feedback over Anticipating, scoring=centred"] = recalls(centred, questions, ks, strategy="feedback")
+    rows["query-only over Anticipating, scoring=centred, nearest=None (the whole mean)"] = recalls(
+        Anticipating(store, cues=wrapped.cues, scoring="centred", nearest=None), questions, ks
+    )
     timing = latency(store, wrapped, questions, centred)
     timing["trust"] = judging(store, wrapped.cues, owners)
+    timing |= cold(store, wrapped.cues, questions)
     print(
         f"query-only latency, median of {timing['queries']} (each question 3 times, interleaved): "
         f"plain {timing['plain_ms']:.2f} ms, through Anticipating {timing['cued_ms']:.2f} ms, "
-        f"centred {timing['centred_ms']:.2f} ms; judging a user's cue trust cold {timing['trust']['judge_ms']:.2f} ms; "
+        f"centred {timing['centred_ms']:.2f} ms (against the whole mean {timing['centred_whole_mean_ms']:.2f} ms); "
+        f"a user's first centred search cold {timing['cold_nearest_ms']:.2f} ms "
+        f"(against the whole mean {timing['cold_whole_mean_ms']:.2f} ms); "
+        f"judging a user's cue trust cold {timing['trust']['judge_ms']:.2f} ms; "
         f"the feedback round {timing['plain_feedback_ms']:.2f} ms plain, "
         f"{timing['centred_feedback_ms']:.2f} ms centred",
         file=sys.stderr,
@@ -176,7 +204,8 @@ def main() -> int:
         print(
             f"EdgeStore: plain {timing['edge']['plain_ms']:.2f} ms, through Anticipating "
             f"{timing['edge']['cued_ms']:.2f} ms (recall {timing['edge']['recall_cued']}), centred "
-            f"{timing['edge']['centred_ms']:.2f} ms (recall {timing['edge']['recall_centred']}); judging a user's "
+            f"{timing['edge']['centred_ms']:.2f} ms (recall {timing['edge']['recall_centred']}; against the whole "
+            f"mean {timing['edge']['centred_whole_mean_ms']:.2f} ms); judging a user's "
             f"cue trust cold {timing['edge']['trust']['judge_ms']:.2f} ms; the feedback round "
             f"{timing['edge']['plain_feedback_ms']:.2f} ms plain, "
             f"{timing['edge']['centred_feedback_ms']:.2f} ms centred",
