@@ -174,6 +174,9 @@ class MemoryCentre:
                 found = vectors @ centre.mean
             else:
                 found = self._nearest(vectors, np.asarray([whose[i] for i in ids], dtype=object), centre)
+                # kept with the centre (dropped with it at the next write in the scope): a fact beyond the
+                # sample is read once, not on every search that returns it
+                centre.typical.update(zip(ids, (float(v) for v in found), strict=True))
             out.update(zip(ids, (float(v) for v in found), strict=True))
         return out
 

@@ -209,3 +209,36 @@ def test_nearest_reads_a_typicality_against_the_nearest_share_of_other_owners_fa
     for bad in (0.0, 1.5, True, "half"):
         with pytest.raises(InvalidArgumentError, match="nearest"):
             MemoryCentre(store, None, nearest=bad)  # type: ignore[arg-type]
+
+
+def test_nearest_reads_a_fact_beyond_its_sample_once_until_the_next_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the 2,000-row sample a fact's neighbours are sought in the sample; a hit outside it is read
+    on its first search and kept with the centre, which a write in the scope drops."""
+    import pgr_core.centring as centring
+
+    monkeypatch.setattr(centring, "_MAX_NEIGHBOURS", 4)
+    rng = np.random.default_rng(3)
+    rows = rng.normal(size=(8, 3))
+    store = InMemoryStore(embedder=Hand({f"t{i}": tuple(r) for i, r in enumerate(rows)}))
+    store.add_facts([Fact(id=f"f{i}", text=f"t{i}", scope=ALICE) for i in range(8)])
+    centre = MemoryCentre(store, store.embedder, nearest=0.5)
+    reads: list[list[str]] = []
+    real = centring.read_vectors
+
+    def counting(st: object, emb: object, scope: Scope, ids: list[str], texts: list[str]) -> np.ndarray:
+        reads.append(list(ids))
+        return real(st, emb, scope, ids, texts)
+
+    monkeypatch.setattr(centring, "read_vectors", counting)
+    ids, texts = [f"f{i}" for i in range(8)], [f"t{i}" for i in range(8)]
+    first = centre.typicality(ALICE, ids, texts)
+    unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    sample = [0, 2, 4, 6]  # an even sample of 4 of the 8
+    for i in range(8):
+        near = sorted((float(unit[i] @ unit[j]) for j in sample if j != i), reverse=True)
+        assert first[f"f{i}"] == pytest.approx(float(np.mean(near[: round(0.5 * len(near))])), abs=1e-6)
+    assert reads == [ids, ["f1", "f3", "f5", "f7"]]  # the build, then the four beyond the sample
+    assert centre.typicality(ALICE, ids, texts) == first and len(reads) == 2  # kept: nothing read again
+    store.add_facts([Fact(id="f8", text="t0", scope=ALICE)])  # a write in the scope drops the centre
+    centre.typicality(ALICE, ids, texts)
+    assert len(reads) == 4
