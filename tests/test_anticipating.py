@@ -194,17 +194,25 @@ def test_query_only_over_anticipating_needs_no_llm(store: Anticipating) -> None:
     assert result.trace.usage.llm_calls == 0
 
 
-def test_centred_scoring_sums_own_and_best_cue_each_less_its_typicality_in_the_callers_memory() -> None:
+SOCCER = "should I join a soccer league this summer"
+
+
+def _alice_and_bob(**options: Any) -> tuple[Anticipating, Any, np.ndarray, dict[str, str]]:
+    """Alice's facts and cues beside Bob's knee fact (its cues about soccer too), centred: the store,
+    a function giving unit vectors of texts, the soccer probe's vector and Alice's texts by id."""
     inner = InMemoryStore(embedder=HashingEmbedder())
     bob = "Bob's knee is perfect and he runs"
     inner.add_facts([*facts(U1), Fact(id="bob-knee", text=bob, scope=U2)])
-    store = Anticipating(inner, scoring="centred", nearest=None)  # typicality against the whole mean
+    store = Anticipating(inner, scoring="centred", **options)
     store.build(CueWriter(cue_llm(CUES)), scope=U1)
     store.build(CueWriter(cue_llm({bob: ["soccer league this summer for Bob", "a race"]})), scope=U2)
     unit = lambda texts: unit_rows(inner.embedder.embed(texts))  # noqa: E731
-    probe = "should I join a soccer league this summer"
-    q = unit([probe])[0]
-    texts = {f.id: f.text for f in facts(U1)}
+    return store, unit, unit([SOCCER])[0], {f.id: f.text for f in facts(U1)}
+
+
+def test_centred_scoring_sums_own_and_best_cue_each_less_its_typicality_in_the_callers_memory() -> None:
+    store, unit, q, texts = _alice_and_bob(nearest=None)  # typicality against the whole mean
+    probe = SOCCER
     fact_mean = unit(list(texts.values())).mean(axis=0)  # alice's facts only: bob's never move her mean
     cue_mean = unit([c for cs in CUES.values() for c in cs]).mean(axis=0)
     own_terms, cue_terms = {}, {}
@@ -236,17 +244,9 @@ def test_by_default_a_typicality_is_read_against_the_nearest_share_of_the_caller
     """``nearest=(0.7, 0.2)``: a fact's typicality is its mean cosine to its nearest 70% of the user's
     other facts, a cue's to its nearest 20% of the cues of the user's other facts (its own fact's cues
     and every other user's left out)."""
-    inner = InMemoryStore(embedder=HashingEmbedder())
-    bob = "Bob's knee is perfect and he runs"
-    inner.add_facts([*facts(U1), Fact(id="bob-knee", text=bob, scope=U2)])
-    store = Anticipating(inner, scoring="centred", cue_trust=False)
     assert NEAREST == (0.7, 0.2)
-    store.build(CueWriter(cue_llm(CUES)), scope=U1)
-    store.build(CueWriter(cue_llm({bob: ["soccer league this summer for Bob", "a race"]})), scope=U2)
-    unit = lambda texts: unit_rows(inner.embedder.embed(texts))  # noqa: E731
-    probe = "should I join a soccer league this summer"
-    q = unit([probe])[0]
-    texts = {f.id: f.text for f in facts(U1)}
+    store, unit, q, texts = _alice_and_bob(cue_trust=False)
+    probe = SOCCER
 
     def typical(v: np.ndarray, others: np.ndarray, share: float) -> float:
         near = np.sort(others @ v)[::-1]
@@ -267,7 +267,7 @@ def test_by_default_a_typicality_is_read_against_the_nearest_share_of_the_caller
     hits = store.search_batch([probe], scope=U1, params=SearchParams(top_k=3, min_score=0.0))[0]
     assert {h.fact.id: h.score for h in hits} == pytest.approx(want, abs=1e-5)
     assert [h.fact.id for h in hits] == sorted(want, key=lambda f: -want[f])
-    whole = Anticipating(inner, cues=store.cues, scoring="centred", cue_trust=False, nearest=None)
+    whole = Anticipating(store.store, cues=store.cues, scoring="centred", cue_trust=False, nearest=None)
     plain = whole.search_batch([probe], scope=U1, params=SearchParams(top_k=3, min_score=0.0))[0]
     assert [h.score for h in plain] != pytest.approx([h.score for h in hits], abs=1e-5)  # the rule is in use
     for bad in ((0.0, 0.2), (0.7,), (0.7, 1.5), 0.7, (True, 0.2)):
