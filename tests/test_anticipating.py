@@ -539,6 +539,19 @@ def test_pgr_eval_cues_finds_the_cued_reference_and_reuses_the_cache(
         assert main([*common, *cache, *llm, "--cues", "--no-cache", "--json", str(tmp_path / "again.json")]) == 0
         assert server.count == first  # the cue cache answered every fact
         assert main([*common, *cache, *llm, "--cues", "--report-only", "--json", str(tmp_path / "again.json")]) == 0
+        # the typicality rule is part of what records are filed under: another rule is run, not reused
+        header = lambda name: json.loads((tmp_path / name).read_text().splitlines()[0])["header"]["store"]  # noqa: E731
+        assert header("cued.records.jsonl")["cue_nearest"] == [0.7, 0.2]
+        whole = ["--cues", "--cue-nearest", "none", "--json", str(tmp_path / "cued.json")]
+        assert main([*common, *cache, *llm, *whole]) == 0
+        assert header("cued.records.jsonl")["cue_nearest"] is None and server.count == first
+        assert main([*common, *cache, *llm, "--cues", "--json", str(tmp_path / "cued.json")]) == 0
+        assert header("cued.records.jsonl")["cue_nearest"] == [0.7, 0.2]  # and back again
+        for bad in ("0,0.2", "0.7", "0.7,x", "1.5,0.2"):
+            with pytest.raises(SystemExit) as stopped:
+                main([*common, *cache, *llm, "--cues", "--cue-nearest", bad])
+            assert stopped.value.code == 2
+        assert "--cue-nearest" in capsys.readouterr().err
         # two cues a fact: cached apart from the default build, so each session is asked again, for 2
         assert (
             main([*common, *cache, *llm, "--cues", "--cues-per-fact", "2", "--json", str(tmp_path / "two.json")]) == 0
