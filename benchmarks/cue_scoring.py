@@ -61,6 +61,7 @@ import numpy as np
 
 from pgr_core import CueCache, CueWriter, MiniLMEmbedder
 from pgr_core.anticipating import NEAREST
+from pgr_core.centring import nearest_means
 from pgr_core.cue_trust import alignment, session_of
 from pgr_core.cues import DEFAULT_CUES
 from pgr_core.evaluation import load_set
@@ -144,17 +145,6 @@ def main() -> int:
     cue_shares = [0.05, 0.1, 0.2, 0.3, 0.5, 1.0] if args.nearest_grid else [NEAREST[1]]
     near_fact: dict[float, np.ndarray] = {pf: np.zeros(len(facts)) for pf in fact_shares}
     near_cue: dict[float, dict[tuple[int, str], float]] = {pc: {} for pc in cue_shares}
-
-    def nearest_means(sims: np.ndarray, shares: list[float]) -> dict[float, np.ndarray]:
-        """Per row, the mean of its round(share x m) highest finite entries (m finite in the row)."""
-        m = np.isfinite(sims).sum(axis=1)
-        ordered = -np.sort(-sims, axis=1)
-        sums = np.cumsum(np.where(np.isfinite(ordered), ordered, 0.0), axis=1)
-        out = {}
-        for share in shares:
-            k = np.maximum(1, np.rint(share * m).astype(int))
-            out[share] = np.where(m > 0, sums[np.arange(len(sims)), k - 1] / k, 0.0)
-        return out
 
     for user_scope in {f.scope for f in facts}:
         mine = [i for i, f in enumerate(facts) if f.scope == user_scope]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .centring import MemoryCentre, centrable, hit_texts
+from .centring import MemoryCentre, centrable, check_share
 from .cue_trust import Alignment, CueTrust, session_of
 from .cues import MAX_CUES, CueBatch, CueWriter, text_key
 from .errors import ConfigurationError, InvalidArgumentError
@@ -218,13 +218,14 @@ class Anticipating(AddsOneFact, Store):
             raise InvalidArgumentError(
                 f"scoring must be one of {', '.join(map(repr, (AUTO, *SCORINGS)))}, got {scoring!r}"
             )
-        if nearest is not None and (
-            not isinstance(nearest, tuple)
-            or len(nearest) != 2
-            or not all(isinstance(p, int | float) and not isinstance(p, bool) and 0.0 < p <= 1.0 for p in nearest)
-        ):
-            raise InvalidArgumentError(
-                f"nearest must be (facts, cues), two fractions in (0, 1], or None, got {nearest!r}"
+        if nearest is not None:
+            if not isinstance(nearest, tuple) or len(nearest) != 2:
+                raise InvalidArgumentError(
+                    f"nearest must be (facts, cues), two fractions in (0, 1], or None, got {nearest!r}"
+                )
+            nearest = (
+                check_share(nearest[0], "nearest's facts share"),
+                check_share(nearest[1], "nearest's cues share"),
             )
         if scoring == AUTO:
             scoring = "centred" if can_centre(store) else "max"
@@ -371,10 +372,8 @@ class Anticipating(AddsOneFact, Store):
             by_cue = self.cues._checked_search(probes, scope, wide)
         else:  # the scope's cues tell their facts apart no better than chance: its own text ranks a fact
             by_cue = [[] for _ in probes]
-        facts_typical = facts_centre.typicality(scope, *hit_texts(base))
-        cue_ids, cue_texts = hit_texts(by_cue)
-        cue_facts = {h.fact.id: _cue_owner(h.fact) for hits in by_cue for h in hits}
-        cues_typical = cues_centre.typicality(scope, cue_ids, cue_texts, [cue_facts[c] for c in cue_ids])
+        facts_typical = facts_centre.typicality_of_hits(scope, base)
+        cues_typical = cues_centre.typicality_of_hits(scope, by_cue)  # a cue's siblings left out (_cue_owner)
         # per probe: fact id -> (centred own term, fact, cosine); fact id -> (best centred cue term, that
         # cue, its cosine); the facts τ keeps (it reads a cosine: the fact's own, or cue_weight x a cue's)
         read: list[tuple[dict[str, tuple[float, Fact, float]], dict[str, tuple[float, str, float]], list[str]]] = []

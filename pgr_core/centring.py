@@ -41,7 +41,16 @@ if TYPE_CHECKING:
     from .embedders import Embedder
     from .store import Store
 
-__all__ = ["CentringUnavailable", "MemoryCentre", "PerScope", "centrable", "centred", "read_vectors"]
+__all__ = [
+    "CentringUnavailable",
+    "MemoryCentre",
+    "PerScope",
+    "centrable",
+    "centred",
+    "check_share",
+    "nearest_means",
+    "read_vectors",
+]
 
 T = TypeVar("T")
 
@@ -137,14 +146,10 @@ class MemoryCentre:
         nearest: float | None = None,
         owner: Callable[[Fact], str] | None = None,
     ) -> None:
-        if nearest is not None and (
-            isinstance(nearest, bool) or not isinstance(nearest, int | float) or not 0.0 < nearest <= 1.0
-        ):
-            raise InvalidArgumentError(f"nearest must be a fraction in (0, 1] or None, got {nearest!r}")
         self.store = store
         self.embedder = embedder
         self.max_scopes = max_scopes
-        self.nearest = None if nearest is None else float(nearest)
+        self.nearest = None if nearest is None else check_share(nearest)
         self.owner: Callable[[Fact], str] = owner or (lambda f: f.id)
         self._centres: PerScope[_Centre] = PerScope(max_scopes)
         store.add_listener(self.invalidate)  # held weakly: dropping the PGR drops this
@@ -165,20 +170,26 @@ class MemoryCentre:
         if centre.mean is None:  # the store lists no fact for the scope: nothing is typical of it
             return dict.fromkeys(fact_ids, 0.0)
         out = {fid: centre.typical[fid] for fid in fact_ids if fid in centre.typical}
-        whose = dict(zip(fact_ids, owners if owners is not None else fact_ids, strict=True))
-        unseen = [(fid, text) for fid, text in zip(fact_ids, texts, strict=True) if fid not in out]
+        unseen = [at for at, fid in enumerate(fact_ids) if fid not in out]
         if unseen:
-            ids, rest = [fid for fid, _ in unseen], [text for _, text in unseen]
-            vectors = self._vectors(scope, ids, rest)
+            ids = [fact_ids[at] for at in unseen]
+            vectors = self._vectors(scope, ids, [texts[at] for at in unseen])
             if centre.sample is None:
-                found = vectors @ centre.mean
+                found = [float(v) for v in vectors @ centre.mean]
             else:
-                found = self._nearest(vectors, np.asarray([whose[i] for i in ids], dtype=object), centre)
+                owned = owners if owners is not None else fact_ids
+                whose = np.asarray([owned[at] for at in unseen], dtype=object)
+                found = [float(v) for v in self._nearest(vectors, whose, centre)]
                 # kept with the centre (dropped with it at the next write in the scope): a fact beyond the
                 # sample is read once, not on every search that returns it
-                centre.typical.update(zip(ids, (float(v) for v in found), strict=True))
-            out.update(zip(ids, (float(v) for v in found), strict=True))
+                centre.typical.update(zip(ids, found, strict=True))
+            out.update(zip(ids, found, strict=True))
         return out
+
+    def typicality_of_hits(self, scope: Scope, hit_lists: Sequence[Sequence[Hit]]) -> dict[str, float]:
+        """:meth:`typicality` of a round's distinct direct hits, each owned as ``owner`` says."""
+        facts = _distinct_hits(hit_lists)
+        return self.typicality(scope, [f.id for f in facts], [f.text for f in facts], [self.owner(f) for f in facts])
 
     def _nearest(self, vectors: np.ndarray, owners: np.ndarray, centre: _Centre) -> np.ndarray:
         """Each row's mean cosine to its ``round(nearest x m)`` nearest sample rows of another owner."""
@@ -187,12 +198,7 @@ class MemoryCentre:
         for start in range(0, len(vectors), 512):  # 512 x 2,000 cosines at a time
             cos = vectors[start : start + 512] @ centre.sample.T
             cos[owners[start : start + 512, None] == centre.owners[None, :]] = -np.inf
-            eligible = np.isfinite(cos).sum(axis=1)
-            ordered = -np.sort(-cos, axis=1)
-            k = np.maximum(1, np.rint(self.nearest * eligible).astype(int))
-            sums = np.cumsum(np.where(np.isfinite(ordered), ordered, 0.0), axis=1)
-            rows = np.arange(len(cos))
-            out[start : start + len(cos)] = np.where(eligible > 0, sums[rows, k - 1] / k, 0.0)
+            out[start : start + len(cos)] = nearest_means(cos, [self.nearest])[self.nearest]
         return out
 
     # ------------------------------------------------------------------ internals
@@ -279,11 +285,39 @@ def centred(
     return out
 
 
-def hit_texts(hit_lists: Sequence[Sequence[Hit]]) -> tuple[list[str], list[str]]:
-    """The distinct direct hits of a round: (fact ids, texts), in first-seen order."""
-    seen: dict[str, str] = {}
+def _distinct_hits(hit_lists: Sequence[Sequence[Hit]]) -> list[Fact]:
+    """The facts of a round's distinct direct hits, in first-seen order."""
+    seen: dict[str, Fact] = {}
     for hits in hit_lists:
         for h in hits:
             if h.neighbour_of is None and h.fact.id not in seen:
-                seen[h.fact.id] = h.fact.text
-    return list(seen), list(seen.values())
+                seen[h.fact.id] = h.fact
+    return list(seen.values())
+
+
+def hit_texts(hit_lists: Sequence[Sequence[Hit]]) -> tuple[list[str], list[str]]:
+    """The distinct direct hits of a round: (fact ids, texts), in first-seen order."""
+    facts = _distinct_hits(hit_lists)
+    return [f.id for f in facts], [f.text for f in facts]
+
+
+def check_share(value: object, what: str = "nearest") -> float:
+    """``value`` as a share of a memory, a number in (0, 1]; :class:`InvalidArgumentError` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value <= 1.0:
+        raise InvalidArgumentError(f"{what} must be a fraction in (0, 1], got {value!r}")
+    return float(value)
+
+
+def nearest_means(cos: np.ndarray, shares: Sequence[float]) -> dict[float, np.ndarray]:
+    """Per row of ``cos`` (cosines, ``-inf`` where a column does not count), for each share ``p``: the
+    mean of the row's ``round(p x m)`` highest entries, ``m`` the entries that count (at least one
+    entry; 0.0 for a row where none does). One sort serves every share."""
+    eligible = np.isfinite(cos).sum(axis=1)
+    ordered = -np.sort(-cos, axis=1)
+    sums = np.cumsum(np.where(np.isfinite(ordered), ordered, 0.0), axis=1)
+    rows = np.arange(len(cos))
+    out = {}
+    for share in shares:
+        k = np.maximum(1, np.rint(share * eligible).astype(int))
+        out[share] = np.where(eligible > 0, sums[rows, k - 1] / k, 0.0)
+    return out
