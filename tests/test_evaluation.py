@@ -572,3 +572,31 @@ def test_pgr_none_the_no_llm_default_returns_the_query_only_list() -> None:
         assert ids[("pgr-none+w1", q.id)][:20] == ids[("query-only+w1", q.id)]
         assert sorted(centred[("pgr-none", q.id)]) == sorted(ids[("query-only", q.id)])
         assert centred[("query-only", q.id)] == ids[("query-only", q.id)]  # the baseline is never centred
+
+
+def test_a_rerun_asks_again_for_degraded_records_and_keeps_the_rest(tmp_path: Path) -> None:
+    """The relay procedure: a round's unanswered requests degrade; the next round must ask again."""
+    store, data = _small_set()
+    records = tmp_path / "r.jsonl"
+
+    def handler(messages, schema):  # type: ignore[no-untyped-def]
+        props = (schema or {}).get("properties", {})
+        if "intent" in props:
+            return {"intent": "get around without a car"}
+        if "steps" in props:
+            return {"steps": [{"action": "check the bus timetable", "dimension": "logistics"}]}
+        return {"summary": "the bus matters"}
+
+    refused = ScriptedLLM(handler=lambda m, s: LLMError("no reply yet"))
+    first = run_eval(data, ["query-only", "pgr-cot"], store, llm=refused, records=records, log=lambda s: None)
+    assert all(r["degraded"] for r in first if r["method"] == "pgr-cot")
+    answered = ScriptedLLM(handler=handler)
+    second = run_eval(data, ["query-only", "pgr-cot"], store, llm=answered, records=records, log=lambda s: None)
+    cot = [r for r in second if r["method"] == "pgr-cot"]
+    assert len(cot) == 2 and not any(r["degraded"] for r in cot) and answered.calls
+    # the file holds each question once, the degraded records gone; query-only was not run again
+    lines = [json.loads(line) for line in records.read_text().splitlines()[1:]]
+    assert sorted((r["method"], r["question"]) for r in lines) == sorted((r["method"], r["question"]) for r in second)
+    assert [r["ids"] for r in lines if r["method"] == "query-only"] == [
+        r["ids"] for r in first if r["method"] == "query-only"
+    ]

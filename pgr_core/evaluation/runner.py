@@ -208,15 +208,19 @@ def run_eval(
     found = _records_under(records, header) if records else None
     if records is not None and found is None and records.exists():
         records.rename(records.with_suffix(records.suffix + ".old"))  # other settings: set aside, never mixed
-    done = found or []
+    # a degraded record (a refused or failed LLM call: with llm-relay, a request not yet answered) is
+    # never a result: the run asks again, and the file is rewritten without it
+    done = [r for r in found or [] if not r.get("degraded")]
     have = {(r["method"], r["question"]) for r in done}
     fh = None
     if records:
         records.parent.mkdir(parents=True, exist_ok=True)
-        fh = records.open("a", encoding="utf-8")
-        if not done:
-            fh.truncate(0)
+        fresh = not done or len(done) != len(found or [])
+        fh = records.open("w" if fresh else "a", encoding="utf-8")
+        if fresh:
             fh.write(json.dumps({"header": header}) + "\n")
+            for r in done:
+                fh.write(json.dumps(r) + "\n")
             fh.flush()
     out = list(done)
 
