@@ -82,7 +82,12 @@ def leave_one_user_out(table: Mapping[str, Mapping[str, Mapping[str, float]]], u
     n = sum(held[u]["n"] for u in users)
     mean = {k: sum(held[u][k] * held[u]["n"] for u in users) / n for k in ("r10", "r20")}
     in_sample = max(names, key=lambda n: (pooled(table[n], users)["score"], -names.index(n)))
-    return {"held_out": held, "held_out_mean": mean, "in_sample": in_sample, "in_sample_mean": pooled(table[in_sample], users)}
+    return {
+        "held_out": held,
+        "held_out_mean": mean,
+        "in_sample": in_sample,
+        "in_sample_mean": pooled(table[in_sample], users),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

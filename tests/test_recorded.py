@@ -22,7 +22,11 @@ def test_a_recorded_reply_answers_only_the_request_it_was_written_for(tmp_path: 
     llm = RecordedLLM.from_path(tmp_path, name="capable")
     assert json.loads(llm.complete(ASK, schema=SCHEMA, max_tokens=160).text) == {"intent": "play soccer"}
     # the same words under another max_tokens, schema or temperature are another request
-    for kw in ({"schema": SCHEMA, "max_tokens": 200}, {"max_tokens": 160}, {"schema": SCHEMA, "max_tokens": 160, "temperature": 0.7}):
+    for kw in (
+        {"schema": SCHEMA, "max_tokens": 200},
+        {"max_tokens": 160},
+        {"schema": SCHEMA, "max_tokens": 160, "temperature": 0.7},
+    ):
         with pytest.raises(LLMError, match="no recorded reply"):
             llm.complete(ASK, **kw)  # type: ignore[arg-type]
     # a JSON file {key: reply} works the same
