@@ -600,3 +600,32 @@ def test_a_rerun_asks_again_for_degraded_records_and_keeps_the_rest(tmp_path: Pa
     assert [r["ids"] for r in lines if r["method"] == "query-only"] == [
         r["ids"] for r in first if r["method"] == "query-only"
     ]
+
+
+def test_a_pgr_answer_is_pag_and_a_failed_answer_or_verdict_is_asked_again() -> None:
+    from pgr_core.evaluation.answers import compare_answers
+
+    store, data = _small_set()
+    rows = run_eval(data, ["query-only"], store)
+    # a prospector's record: its R* and its summary (what PGR.answer answers from)
+    for r in [r for r in rows if r["method"] == "query-only"]:
+        rows.append({**r, "method": "pgr-cot", "ids": list(reversed(r["ids"])), "summary": "the knee and the bus"})
+    prompts: list[str] = []
+
+    def handler(messages, schema):  # type: ignore[no-untyped-def]
+        prompt = messages[0]["content"]
+        if schema is None:
+            prompts.append(prompt)
+            return "answer with briefing" if "the knee and the bus" in prompt else "plain answer"
+        a = prompt.split("Reply A:")[1].split("Reply B:")[0]
+        return {"winner": "A" if "briefing" in a else "B"}
+
+    refused = ScriptedLLM(handler=lambda m, s: LLMError("no reply yet"))
+    first = compare_answers(data, rows, store, "pgr-cot", "query-only", llm=refused)
+    assert first["decided"] == 0 and first["undecided"] == 2
+    result = compare_answers(data, rows, store, "pgr-cot", "query-only", llm=ScriptedLLM(handler=handler))
+    assert result["decided"] == 2 and result["win_rate"] == 1.0
+    pag = [p for p in prompts if "the knee and the bus" in p]
+    assert len(pag) == 2 and len(prompts) == 4  # the briefing reaches PGR's answers only
+    answers = [r for r in rows if r["method"] == "_answer:pgr-cot" and r["text"]]
+    assert answers and all(r["pag"] for r in answers)

@@ -1,10 +1,14 @@
 """Answer quality: answers generated from each method's facts, compared pairwise by a judge LLM.
 
-For one question and two methods A and B, each method's first ``k`` facts go into pgr's answer
-prompt (the same prompt, the same LLM, no summary, so only the retrieved facts differ), then the judge
-compares the two answers twice with the order swapped (:func:`~pgr_core.evaluation.metrics.win_rate`).
-A's win rate is the mean score over questions the judge could decide; undecided ones are counted apart.
-Answers and verdicts are appended to the records file, so a comparison resumes like a run does.
+For one question and two methods A and B, each method's facts go into pgr's answer prompt (the same
+prompt, the same LLM), then the judge compares the two answers twice with the order swapped
+(:func:`~pgr_core.evaluation.metrics.win_rate`). A method answers as a user of it would: one whose
+record carries a prospection summary (an LLM prospector's) answers as :meth:`PGR.answer` does (PAG:
+R* in its order within ``answer_context_tokens``, and the summary); any other from its first ``k``
+facts with no summary. A's win rate is the mean score over questions the judge could decide;
+undecided ones are counted apart. Answers and verdicts are appended to the records file, so a
+comparison resumes like a run does; an answer or verdict that failed (with llm-relay: a request not
+yet answered) is asked again.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..config import PGRConfig
 from ..errors import LLMError
 from ..llm import LLM
+from ..policy import _ANSWER_TOKENS, _MAX_SUMMARY_CHARS
 from ..prompts import render
-from ..prospectors import Prospection
+from ..prospectors import Prospection, quoted
 from ..store import Store
 from ..trace import FoundFact, Trace
 from .data import EvalQuestion, EvalSet
@@ -25,12 +31,22 @@ from .runner import Progress
 __all__ = ["answer_with", "compare_answers"]
 
 
-def answer_with(llm: LLM, store: Store, q: EvalQuestion, ids: Sequence[str], *, k: int = 20) -> str | None:
-    """pgr's answer prompt filled with the facts ``ids`` (first ``k``); None when the LLM fails."""
+def answer_with(
+    llm: LLM,
+    store: Store,
+    q: EvalQuestion,
+    ids: Sequence[str],
+    *,
+    k: int = 20,
+    summary: str | None = None,
+    context_tokens: int | None = None,
+) -> str | None:
+    """pgr's answer prompt filled with the facts ``ids`` (first ``k``; with ``summary``, PAG's: as many
+    as fit ``context_tokens``, after the summary); None when the LLM fails."""
     get = getattr(store, "get", None)
     if get is None:
         raise TypeError("answer comparison needs a store with get(fact_id, scope=...), e.g. InMemoryStore")
-    facts = [f for f in (get(i, scope=q.scope) for i in ids[:k]) if f is not None]
+    facts = [f for f in (get(i, scope=q.scope) for i in (ids if summary is not None else ids[:k])) if f is not None]
     found = [FoundFact(fact=f, score=0.0, rank_score=0.0, round=0, probe="") for f in facts]
     p = Prospection(
         query=q.question,
@@ -38,9 +54,14 @@ def answer_with(llm: LLM, store: Store, q: EvalQuestion, ids: Sequence[str], *, 
         scope=q.scope,
         trace=Trace(query=q.question, strategy="answer", prospector="none"),
     )
-    text = render("answer", date=p.date_text(), query=q.question, summary="(none)", memories=p.memory_lines(found, k))
+    if summary is not None:
+        memories = p.memory_lines(found, max_tokens=context_tokens or PGRConfig().answer_context_tokens)
+        brief = quoted(summary, _MAX_SUMMARY_CHARS)
+    else:
+        memories, brief = p.memory_lines(found, k), "(none)"
+    text = render("answer", date=p.date_text(), query=q.question, summary=brief, memories=memories)
     try:
-        return llm.complete([{"role": "user", "content": text}], max_tokens=400).text.strip()
+        return llm.complete([{"role": "user", "content": text}], max_tokens=_ANSWER_TOKENS).text.strip()
     except LLMError:
         return None
 
@@ -68,15 +89,18 @@ def compare_answers(
     progress = Progress(len(todo), f"answers {first} vs {second}")
     for q in todo:
         verdict = by.get((tag, q.id))
-        if verdict is None:
+        if verdict is None or verdict["score"] is None:
             answers: dict[str, str | None] = {}
             for name in (first, second):
                 kept = by.get((f"_answer:{name}", q.id))
-                if kept is None:
+                if kept is None or kept["text"] is None:
+                    record = by[(name, q.id)]
+                    summary = record.get("summary")
                     kept = {
                         "method": f"_answer:{name}",
                         "question": q.id,
-                        "text": answer_with(llm, store, q, by[(name, q.id)]["ids"], k=k),
+                        "text": answer_with(llm, store, q, record["ids"], k=k, summary=summary or None),
+                        "pag": bool(summary),
                     }
                     add(kept)
                     by[(kept["method"], q.id)] = kept

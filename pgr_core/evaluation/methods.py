@@ -185,6 +185,7 @@ class PGRMethod(Method):
                 "ranking_fallback": t.ranking_fallback,
                 "chosen": t.chosen_ids,
                 "intent": t.intent,
+                "summary": result.summary if self.needs_llm else None,  # PAG answers with it (--win-rate)
                 # where each round's steps went and what they found: enough to see which phase fails
                 "trace": [
                     {
