@@ -4,7 +4,7 @@
         --methods pgr-cot,pgr-tot --run shared-0.75=runs/a.records.jsonl --run scored=runs/b.records.jsonl \\
         [--json out.json]
 
-Each ``--run NAME=PATH`` is a ``pgr eval`` records file written under one candidate setting (with
+Each ``--run NAME=PATH`` (or ``NAME=PATH@METHODS``, to read other methods of that file) is a ``pgr eval`` records file written under one candidate setting (with
 llm-relay replaying recorded replies, a candidate that changes only the ranking or the number of
 rounds costs no LLM call: ``pgr eval ... --set ranking=scored``). A setting is scored per user by the
 mean over ``--methods`` of recall@10 + recall@20 (both budgets a user may have: 10 facts and 20).
@@ -95,7 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--data", required=True)
     ap.add_argument("--kind", default="jsonl")
     ap.add_argument("--methods", default="pgr-cot,pgr-tot")
-    ap.add_argument("--run", action="append", required=True, help="NAME=PATH of a records file")
+    ap.add_argument(
+        "--run", action="append", required=True, help="NAME=PATH of a records file (PATH@M1,M2: its own methods)"
+    )
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     data = load_set(args.kind, args.data)
@@ -104,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     table: dict[str, dict[str, dict[str, float]]] = {}
     for spec in args.run:
         name, _, path = spec.partition("=")
-        rows = per_question(data, Path(path), methods)
+        path, _, own = path.partition("@")  # PATH@METHODS: this run's own methods
+        rows = per_question(data, Path(path), own.split(",") if own else methods)
         missing = {m: len(data.questions) - len(v) for m, v in rows.items() if len(v) < len(data.questions)}
         if missing:
             print(f"{name}: questions without a usable record {missing}", file=sys.stderr)

@@ -38,14 +38,17 @@ class Interrupted(Exception):  # Ctrl-C, with what the command kept
 
 
 NO_LLM_NOTE = (
-    "No LLM configured (set PGR_LLM_BASE_URL and PGR_LLM_MODEL to use one): no prospection, the query's own "
-    "top 20 centred on this user's memory (--query-only for the plain search). --strategy facet prospects "
-    "without an LLM, but on MQ-lite it found less than the query alone at an equal number of facts."
+    "No LLM configured (set PGR_LLM_BASE_URL and PGR_LLM_MODEL to use one): one LLM-free feedback round "
+    "(the request joined to its first hits), no imagined steps (--query-only for the plain search)."
 )
-DEMO_NO_LLM_NOTE = (
-    "No LLM configured (set PGR_LLM_BASE_URL and PGR_LLM_MODEL to use one): the PGR side runs the LLM-free "
-    "facet prospector, which is not the no-LLM default (that is the query's own list, centred: facet finds "
-    "less than the query alone at an equal number of facts on MQ-lite)."
+DEMO_REPLAY_NOTE = (
+    "No LLM configured: REPLAYING the replies a capable model wrote for this bundled history (recorded "
+    "offline; no model runs now). Set PGR_LLM_BASE_URL and PGR_LLM_MODEL, or pass --base-url and --model, "
+    "to run it live with your own LLM."
+)
+DEMO_NO_REPLAY_NOTE = (
+    "No LLM configured, and no recorded replies for the {embedder} embedder (they were written for MiniLM's "
+    "prompts): the PGR side runs the LLM-free {strategy} strategy."
 )
 
 
@@ -62,14 +65,14 @@ def _embedder(name: str) -> Embedder:
     return HashingEmbedder()
 
 
-def _pgr(store: Any, llm: LLM | None, args: argparse.Namespace, no_llm_strategy: str = "none") -> Any:
-    from .policy import PGR
+def _pgr(store: Any, llm: LLM | None, args: argparse.Namespace) -> Any:
+    from .policy import NO_LLM_STRATEGY, PGR
 
     strategy = args.strategy
     if llm is None and strategy in ("cot", "tot"):
         if args.strategy_given:
             _say(f"note: strategy {args.strategy!r} needs an LLM")
-        strategy = no_llm_strategy
+        strategy = NO_LLM_STRATEGY
     return PGR(
         store,
         llm=llm,
@@ -164,11 +167,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .trace_page import write_trace_page
 
     llm = llm_from_args(args)
-    if llm is None:
-        _say(DEMO_NO_LLM_NOTE)
-    else:
-        _say(f"LLM: {llm!r}")
     embedder = _embedder(args.embedder)
+    replaying = False
+    if llm is not None:
+        _say(f"LLM: {llm!r}")
+    elif not args.no_llm and args.strategy in ("cot", "tot"):
+        llm = demo.recorded_llm() if embedder.name == demo.RECORDED_WITH else None
+        if llm is not None:
+            replaying = True
+            _say(DEMO_REPLAY_NOTE)
+        else:
+            from .policy import NO_LLM_STRATEGY
+
+            _say(DEMO_NO_REPLAY_NOTE.format(embedder=embedder.name, strategy=NO_LLM_STRATEGY))
     _say(f"building the demo store with {embedder.name} (first use loads the model, a few seconds)...")
     t0 = time.perf_counter()
     store = demo.build_store(embedder)
@@ -177,7 +188,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from .builtin import save_copy
 
         _say(f"  store saved to {save_copy(store, args.save_store)}")
-    pgr = _pgr(store, llm, args, no_llm_strategy="facet")
+    pgr = _pgr(store, llm, args)
     items = demo.run_demo(pgr, progress=lambda m: _say(f"running {m}"))
     page = write_trace_page(args.html, [i.page_item() for i in items], title="pgr demo: query-only vs PGR")
     if args.json:
@@ -185,13 +196,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "prospector": pgr.prospector.name,
             "embedder": embedder.name,
             "llm": getattr(llm, "name", None),
+            "replayed": replaying,
             "html": str(page),
             "queries": [i.to_dict() for i in items],
         }
         print(json.dumps(payload, ensure_ascii=False))
     else:
         who = demo.load_history()["person"]
-        print(f"pgr demo: {len(store)} remembered turns of {who['name']}, prospector: {pgr.prospector.name}")
+        how = " (replayed: a capable model's recorded replies)" if replaying else ""
+        print(f"pgr demo: {len(store)} remembered turns of {who['name']}, prospector: {pgr.prospector.name}{how}")
         for item in items:
             _print_demo_query(item, sys.stdout)
         print(f"\nTrace page: {page.resolve()}")
@@ -326,9 +339,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--strategy",
         choices=["tot", "cot", "facet", "feedback", "none"],
         default=None,
-        help="prospection (default: tot with an LLM; without one, none: the query's own list, "
-        "except in the demo, which shows facet; feedback: one LLM-free round, the request joined to its "
-        "first hits)",
+        help="prospection (default: tot with an LLM; without one, feedback: one LLM-free round, the request "
+        "joined to its first hits; none: the query's own list)",
     )
     add_llm_options(p, no_llm=True)
     p.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
@@ -736,8 +748,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if hasattr(args, "strategy"):
+        from .policy import LLM_STRATEGY
+
         args.strategy_given = args.strategy is not None
-        args.strategy = args.strategy or "tot"
+        args.strategy = args.strategy or LLM_STRATEGY
     try:
         return int(args.func(args))
     except NoFactsError as exc:

@@ -80,13 +80,19 @@ _MAX_SUMMARY_CHARS = 2000
 BudgetArg = Budget | Mapping[str, Any] | None
 
 
+# The strategy PGR runs when none is named; each chosen by leave-one-user-out on MQ-lite dev
+# (docs/evidence.md). Without an LLM: the feedback round, chosen over "none" on every held-out user.
+LLM_STRATEGY = "tot"
+NO_LLM_STRATEGY = "feedback"
+
+
 def _strategy_prospector(strategy: str | Prospector | None, llm: LLM | None) -> Prospector:
     if isinstance(strategy, Prospector):
         if strategy.requires_llm and llm is None:
             raise ConfigurationError(f"prospector {strategy.name!r} needs an LLM: pass llm=...")
         return strategy
     if strategy is None:
-        strategy = "tot" if llm is not None else "none"
+        strategy = LLM_STRATEGY if llm is not None else NO_LLM_STRATEGY
     if strategy in ("cot", "tot"):
         if llm is None:
             raise ConfigurationError(
@@ -128,11 +134,11 @@ class PGR(Savings, Drivers):
     >>> result = pgr.retrieve("Should I join a soccer league this summer?",
     ...                       scope=Scope(user_id="u1"), date="2025-05-01")  # doctest: +SKIP
 
-    ``strategy``: ``"tot"`` or ``"cot"`` (LLM), ``"facet"`` (LLM-free probes), ``"none"`` (no
-    prospection: the query's own list), or a :class:`Prospector`. Left ``None``, it is ``"tot"`` with
-    an LLM and ``"none"`` without: the facet prospector found less than the query alone at an equal
-    number of facts on MQ-lite (see benchmarks/RESULTS.md), so it is opt-in. Keyword arguments that name
-    :class:`PGRConfig` fields override its defaults.
+    ``strategy``: ``"tot"`` or ``"cot"`` (LLM), ``"feedback"`` (one LLM-free round: the request joined
+    to its first hits), ``"facet"`` (LLM-free probes), ``"none"`` (no prospection: the query's own
+    list), or a :class:`Prospector`. Left ``None``, it is :data:`LLM_STRATEGY` with an LLM and
+    :data:`NO_LLM_STRATEGY` (``"feedback"``) without, as measured in docs/evidence.md. Keyword
+    arguments that name :class:`PGRConfig` fields override its defaults.
 
     Watching a call (docs/observability.md):
 
@@ -767,7 +773,7 @@ class PGR(Savings, Drivers):
         cfg = self.config
         p.trace.ranking = ranking = "fused" if p.trace.stop_reason == "adaptive_skip" else cfg.ranking
         probes = [pr for r in p.trace.rounds for pr in r.probes]
-        if self.prospector.grounded and ranking != "fused":
+        if (self.prospector.grounded and ranking != "fused") or ranking == "summed":
             p.trace.ranking = "summed"
             facts = summed_order(p.found, probes)
         elif ranking == "fused":

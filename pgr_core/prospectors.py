@@ -683,9 +683,8 @@ class LLMProspector(Prospector):
 
 class NoProspection(Prospector):
     """No steps at all: R* is the query's own top ``query_top_k`` (window included), the query-only
-    list. The default without an LLM. ``strategy="feedback"`` (:class:`FeedbackProspector`) found more
-    at an equal number of facts on MQ-lite and LoCoMo but drifted on the demo's chatty history, so it is
-    opt-in; ``strategy="facet"`` found less on MQ-lite (see benchmarks/RESULTS.md)."""
+    list centred on the caller's memory. ``strategy="feedback"`` (:class:`FeedbackProspector`), the
+    default without an LLM, found more at an equal number of facts (docs/evidence.md)."""
 
     name = "none"
 

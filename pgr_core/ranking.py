@@ -52,8 +52,7 @@ __all__ = [
     "summed_order",
 ]
 
-RANKINGS = ("fused", "shared", "llm", "scored")
-# "summed" is not a PGRConfig.ranking: the feedback strategy's own order (PGR._feedback)
+RANKINGS = ("fused", "shared", "llm", "scored", "summed")  # "summed": also a grounded prospector's own order
 QUERY_SIDE = ("query", "intent")  # the request and its restatement q_A: the query's share of R*
 
 

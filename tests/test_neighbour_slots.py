@@ -98,7 +98,7 @@ def test_a_neighbour_displaces_a_direct_hit_only_when_it_outscores_it() -> None:
 
 def test_retrieve_ranks_r_star_by_the_earned_order_and_the_trace_keeps_it() -> None:
     store = _store()
-    earned = PGR(store, window=1, query_top_k=4, centring=None).retrieve("q", scope=U)
+    earned = PGR(store, strategy="none", window=1, query_top_k=4, centring=None).retrieve("q", scope=U)
     assert earned.ids[:8] == ["t1", "d1", "t0", "t2", "d2", "t6", "t5", "t7"]  # t6's neighbours earn 0.4
     probe = earned.trace.rounds[0].probes[0]
     assert probe.order == ["t1", "d1", "t0", "t2", "d2", "t6", "t5", "t7"]

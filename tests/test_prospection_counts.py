@@ -216,7 +216,7 @@ def test_fused_ranking_keeps_the_query_only_head() -> None:
     # q_A not probed: with it, fused ranks the restatement's hits at the query's weight too
     pgr = PGR(store, llm=scripted(), strategy="tot", min_score=0.1, ranking="fused", intent_probe=False)
     result = pgr.retrieve(QUERY, scope=U)
-    query_list = PGR(store).retrieve(QUERY, scope=U)  # the query's own list, centred as every probe is
+    query_list = PGR(store, strategy="none").retrieve(QUERY, scope=U)  # the query's own list, centred as every probe is
     assert {f.id for f in result.top(20)} == set(query_list.ids[:20])
     assert result.trace.ranking == "fused"
     uncentred = PGR(
@@ -225,18 +225,25 @@ def test_fused_ranking_keeps_the_query_only_head() -> None:
     assert {f.id for f in uncentred.retrieve(QUERY, scope=U).top(20)} == set(pgr.query_only(QUERY, scope=U).ids)
 
 
-def test_without_an_llm_the_default_is_the_query_only_list_centred() -> None:
+def test_without_an_llm_the_default_is_the_feedback_round() -> None:
     store = far_store()
     pgr = PGR(store)
-    assert pgr.prospector.name == "none"
+    assert pgr.prospector.name == "feedback"
+    result = pgr.retrieve(QUERY, scope=U)
+    assert result.trace.usage.llm_calls == 0 and result.trace.store_calls == 2 and result.trace.ranking == "summed"
+
+
+def test_strategy_none_is_the_query_only_list_centred() -> None:
+    store = far_store()
+    pgr = PGR(store, strategy="none")
     deep = store.search_batch([QUERY], scope=U, params=SearchParams(top_k=100, min_score=0.0))[0]
     typical = pgr.centre.typicality(U, [h.fact.id for h in deep], [h.fact.text for h in deep])  # type: ignore[union-attr]
     by_hand = [h.fact.id for h in centred(deep, typical, 1.0, 20, 0.0)]
     for window in (0, 1):
-        result = PGR(store, window=window).retrieve(QUERY, scope=U)
+        result = PGR(store, strategy="none", window=window).retrieve(QUERY, scope=U)
         assert [f.id for f in result.facts if f.via == "hit"] == by_hand
         assert result.trace.usage.llm_calls == 0 and result.trace.store_calls == 1
-        plain = PGR(store, window=window, centring=None).retrieve(QUERY, scope=U)
+        plain = PGR(store, strategy="none", window=window, centring=None).retrieve(QUERY, scope=U)
         assert plain.ids == PGR(store, window=window).query_only(QUERY, scope=U).ids
 
 
@@ -397,5 +404,5 @@ def test_scored_ranking_lets_a_step_specific_fact_outrank_the_querys_weak_hits()
     assert set(FAR) <= set(result.ids[:20])  # the steps' finds outscore the typical soccer facts
     # with a margin no centred score can make up, the head is the request's own centred list
     guarded = PGR(store, llm=scripted(), strategy="tot", min_score=0.1, ranking="scored", step_margin=1.0)
-    query_list = PGR(store).retrieve(QUERY, scope=U)
+    query_list = PGR(store, strategy="none").retrieve(QUERY, scope=U)
     assert guarded.retrieve(QUERY, scope=U).ids[:20] == query_list.ids[:20]

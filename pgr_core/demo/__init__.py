@@ -1,7 +1,10 @@
 """The bundled demo: one person's dated chat history and three under-specified questions.
 
 ``history.json`` is written for pgr (no third-party data): 20 sessions, January to April 2025, one
-fact per user turn, and for each question the turns that matter and why.
+fact per user turn, and for each question the turns that matter and why. ``replies.json`` holds the
+replies a capable model wrote to PGR's requests for these questions (through llm-relay, with the
+MiniLM embedder: other embeddings find other records, so other prompts), which ``pgr demo`` replays
+when no LLM is configured (:func:`recorded_llm`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,21 @@ from typing import Any
 from ..embedders import Embedder
 from ..memory import InMemoryStore
 from ..policy import PGR
+from ..recorded import RecordedLLM
 from ..trace import RetrievalResult
 from ..types import Fact, Scope
 
-__all__ = ["DemoQuery", "build_store", "load_history", "run_demo"]
+__all__ = ["RECORDED_WITH", "DemoQuery", "build_store", "load_history", "recorded_llm", "run_demo"]
+
+RECORDED_WITH = "all-MiniLM-L6-v2"  # the embedder the recorded replies' prompts were built with
+
+
+def recorded_llm() -> RecordedLLM | None:
+    """The capable model's recorded replies for the bundled questions (see the module docstring)."""
+    path = resources.files(__package__).joinpath("replies.json")
+    if not path.is_file():
+        return None
+    return RecordedLLM(json.loads(path.read_text(encoding="utf-8")), name="recorded capable model")
 
 
 def load_history() -> dict[str, Any]:
