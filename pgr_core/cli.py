@@ -497,7 +497,12 @@ def _run_eval(
     from_disk = f", {disk.hits} from the vector cache {disk.path}" if disk is not None and disk.active else ""
     _say(f"embedded {len(store)} facts in {time.perf_counter() - started:.1f}s{from_disk}")
     llm = llm_from_args(args)
-    if llm is not None and not args.no_cache:
+    if args.replies is not None:
+        from .recorded import RecordedLLM
+
+        llm = RecordedLLM.from_path(args.replies, name=f"recorded:{args.replies}")
+        _say(f"replaying {len(llm.replies)} recorded replies from {args.replies} (no LLM is called)")
+    elif llm is not None and not args.no_cache:
         llm = CachedLLM(llm, args.cache)
     judge = llm if args.judge else None
     store_options: dict[str, Any] | None = None
@@ -653,6 +658,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="embedding cache folder (SQLite, keyed by embedder and text): a re-run embeds nothing again",
     )
     ev.add_argument("--no-cache", action="store_true", help="no LLM reply cache and no vector cache")
+    ev.add_argument(
+        "--replies",
+        type=Path,
+        default=None,
+        help="answer every LLM request from recorded replies (llm-relay's folder, e.g. benchmarks/replies/capable); "
+        "a request with no reply degrades",
+    )
     ev.add_argument(
         "--report-only",
         action="store_true",

@@ -82,4 +82,6 @@ class RecordedLLM(LLM):
         text = self.replies.get(key)
         if text is None:
             raise LLMError(f"{self.name}: no recorded reply for request {key} (its prompt differs from the recording)")
-        return Completion(text=text, usage=Usage.estimate(messages, text), model=self.name)
+        # counted as llm-relay reports them (all the prompt's characters / 4), so a replay bills what the run did
+        prompt_chars = sum(len(str(m.get("content", ""))) for m in messages)
+        return Completion(text=text, usage=Usage(prompt_chars // 4, len(text) // 4), model=self.name)
