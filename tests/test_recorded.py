@@ -47,3 +47,61 @@ def test_the_key_is_llm_relays() -> None:
     # (the key below is what llm-relay's own request_key gives for this request's body)
     assert request_key(ASK, SCHEMA, 160, 0.0) == "a4d18e20ad0772b4832be8317a0fe5bd"
     assert len(request_key(ASK, None, 160, 0.0)) == 32
+
+
+def test_a_run_replayed_from_its_recorded_replies_reproduces_its_records(tmp_path: Path) -> None:
+    from pgr_core import HashingEmbedder, InMemoryStore
+    from pgr_core.evaluation import run_eval
+    from pgr_core.evaluation.data import load_jsonl
+    from pgr_core.testing import ScriptedLLM
+
+    data_file = tmp_path / "d.jsonl"
+    user = {
+        "user_id": "u1",
+        "facts": [
+            {"id": "f1", "text": "Twisted my knee skiing in February", "date": "2025-02-10"},
+            {"id": "f2", "text": "Sold the car in January", "date": "2025-01-05"},
+            {"id": "f3", "text": "Evening class on Tuesdays and Thursdays", "date": "2025-03-01"},
+        ],
+        "queries": [
+            {
+                "id": "q1",
+                "query": "Should I join a soccer league?",
+                "date": "2025-05-01",
+                "references": [{"text": "knee", "fact_ids": ["f1"]}, {"text": "class", "fact_ids": ["f3"]}],
+            }
+        ],
+    }
+    data_file.write_text(json.dumps(user) + "\n")
+    data = load_jsonl(data_file)
+    store = InMemoryStore(embedder=HashingEmbedder())
+    store.add_facts(data.facts)
+    replies: dict[str, str] = {}
+
+    def handler(messages, schema):  # type: ignore[no-untyped-def]
+        props = (schema or {}).get("properties", {})
+        reply = (
+            {"intent": "join a soccer league"}
+            if "intent" in props
+            else {"steps": [{"action": "ask the physio about my knee", "dimension": "health"}]}
+            if "steps" in props
+            else {"summary": "the knee matters"}
+        )
+        return reply
+
+    class Recording(ScriptedLLM):
+        def complete(self, messages, **kw):  # type: ignore[no-untyped-def]
+            done = super().complete(messages, **kw)
+            replies[request_key(messages, kw.get("schema"), kw.get("max_tokens", 512), kw.get("temperature", 0.0))] = (
+                done.text
+            )
+            return done
+
+    live = run_eval(data, ["pgr-cot"], store, llm=Recording(handler=handler))
+    replayed = run_eval(data, ["pgr-cot"], store, llm=RecordedLLM(replies))
+    ids = [r["ids"] for r in live if r["method"] == "pgr-cot"]
+    assert ids and ids == [r["ids"] for r in replayed if r["method"] == "pgr-cot"]
+    assert not any(r.get("degraded") for r in replayed)
+    # a recording missing one reply degrades the question instead of answering from another prompt's reply
+    short = RecordedLLM(dict(list(replies.items())[:-1]))
+    assert all(r["degraded"] for r in run_eval(data, ["pgr-cot"], store, llm=short) if r["method"] == "pgr-cot")
