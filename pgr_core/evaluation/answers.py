@@ -85,7 +85,12 @@ def compare_answers(
     tag = f"_win:{first}:{second}"
     scores: list[float] = []
     undecided = 0
-    todo = [q for q in data.questions if (first, q.id) in by and (second, q.id) in by]
+    # a degraded record holds part of a result (an LLM call failed): it is not what a user would get
+    todo = [
+        q
+        for q in data.questions
+        if all((m, q.id) in by and not by[(m, q.id)].get("degraded") for m in (first, second))
+    ]
     progress = Progress(len(todo), f"answers {first} vs {second}")
     for q in todo:
         verdict = by.get((tag, q.id))
