@@ -4,7 +4,8 @@
         --methods pgr-cot,pgr-tot --run shared-0.75=runs/a.records.jsonl --run scored=runs/b.records.jsonl \\
         [--json out.json]
 
-Each ``--run NAME=PATH`` (or ``NAME=PATH@METHODS``, to read other methods of that file) is a ``pgr eval`` records file written under one candidate setting (with
+Each ``--run NAME=PATH`` (``NAME=PATH@METHODS``: other methods of that file) is a ``pgr eval``
+records file written under one candidate setting (with
 llm-relay replaying recorded replies, a candidate that changes only the ranking or the number of
 rounds costs no LLM call: ``pgr eval ... --set ranking=scored``). A setting is scored per user by the
 mean over ``--methods`` of recall@10 + recall@20 (both budgets a user may have: 10 facts and 20).
@@ -103,15 +104,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = load_set(args.kind, args.data)
     methods = args.methods.split(",")
     users = sorted({user_of(q.id) for q in data.questions})
-    table: dict[str, dict[str, dict[str, float]]] = {}
+    runs: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for spec in args.run:
         name, _, path = spec.partition("=")
         path, _, own = path.partition("@")  # PATH@METHODS: this run's own methods
-        rows = per_question(data, Path(path), own.split(",") if own else methods)
-        missing = {m: len(data.questions) - len(v) for m, v in rows.items() if len(v) < len(data.questions)}
-        if missing:
-            print(f"{name}: questions without a usable record {missing}", file=sys.stderr)
-        table[name] = scores(rows, users)
+        runs[name] = per_question(data, Path(path), own.split(",") if own else methods)
+    # every setting is read on the same questions: those every run answered for every method
+    common = set.intersection(*(set(v) for rows in runs.values() for v in rows.values()))
+    if len(common) < len(data.questions):
+        print(f"read on the {len(common)} of {len(data.questions)} questions every run answered", file=sys.stderr)
+    table = {
+        name: scores({m: {q: v for q, v in per.items() if q in common} for m, per in rows.items()}, users)
+        for name, rows in runs.items()
+    }
     result = leave_one_user_out(table, users)
     print(f"| setting | {' | '.join(f'{u} r@10 / r@20' for u in users)} | all r@10 | all r@20 |")
     print("|---|" + "---|" * (len(users) + 2))

@@ -36,18 +36,19 @@ class PGRConfig:
       measured: on LoCoMo it lost to query-only at 20 facts; see benchmarks/RESULTS.md).
     - ``query_top_k``: K of the query's own probe in Phase 1 (20, the baseline's K, so the query's
       list can fill its share of any budget up to 40; the paper probes every text with K = 5).
-    - ``ranking``: how R* is ordered for a budget (see :mod:`pgr_core.ranking`): ``"shared"`` (the
-      default: every prefix of R* gives the query's own list ``query_share`` of its slots and the
-      step probes the rest, round-robin, facts several probes found first), ``"llm"`` (the summary
-      call names the records that matter; they lead, the shared order fills the rest; a non-choice
-      falls back to it), ``"scored"`` (every fact at its best score over the probes, each probe's
-      but the request's own less ``step_margin``: a step's find takes a slot only by outscoring the
-      request's next fact; no slot is set aside) or ``"fused"`` (best weighted reciprocal rank: with
-      ``query_weight`` above 1.32 the query's top 20 outrank every step-only fact, so ``top(20)`` is
-      the query-only list).
-    - ``query_share``: the query's share of every prefix under ``"shared"`` and ``"llm"`` (0.75,
-      chosen on MQ-lite dev: with the local 1.5B model's steps and with the facet prospector, a
-      larger share lost less of the query's own finds; see benchmarks/RESULTS.md).
+    - ``ranking``: how R* is ordered for a budget (see :mod:`pgr_core.ranking`): ``"llm"`` (the
+      default: the summary call, which PGR makes anyway, also names the records that matter; they
+      lead, and the shared order fills the rest; a reply that makes no choice, as a small model's
+      does, falls back to the shared order and the trace says why), ``"shared"`` (every prefix of R*
+      gives the query's own list ``query_share`` of its slots and the step probes the rest,
+      round-robin), ``"scored"`` (every fact at its best centred score over the probes, each
+      probe's but the request's own less ``step_margin``), ``"summed"`` (the sum of a fact's
+      centred scores over the probes) or ``"fused"`` (best weighted reciprocal rank: the query's top
+      20 first, so ``top(20)`` is the query-only list). ``"llm"`` was chosen by leave-one-user-out on
+      MQ-lite dev with a capable model's replies, on every held-out user (docs/evidence.md).
+    - ``query_share``: the query's share of every prefix under ``"shared"``, and under ``"llm"``
+      after the chosen records or when there is no choice (docs/evidence.md says where its value
+      came from).
     - ``step_margin``: under ``"scored"``, what every probe's score but the request's gives up
       (0.0; in [0, 1]). Scores are centred (``centring``), so they compare across probes.
     - ``query_weight``: weight of the query's own hit list under ``"fused"``.
@@ -97,7 +98,7 @@ class PGRConfig:
     neighbour_decay: float | None = 0.8
     query_top_k: int = 20
     query_weight: float = 1.5
-    ranking: str = "shared"
+    ranking: str = "llm"
     query_share: float = 0.75
     step_margin: float = 0.0
     answer_context_tokens: int = 1500

@@ -349,7 +349,7 @@ class PGR(Savings, Drivers):
             budget=meter.budget.as_dict() or None,
         )
         p = Prospection(query=query, date=date, scope=scope, trace=trace, intent=query)
-        p.want_choice = self.config.ranking == "llm"
+        p.want_choice = self.config.ranking == "llm" and self.prospector.requires_llm
         started = time.perf_counter()
         try:
             yield from self._run_phases(p, meter)

@@ -331,12 +331,12 @@ def choose(reply: object, shown: Sequence[str], *, min_chosen: int = 3, known: I
         if label.isdigit():
             index = int(label) - 1
             if not 0 <= index < len(shown):
-                return Choice([], f"id out of range: {item!r} (records r1..r{len(shown)})")
+                return Choice([], f"id out of range: {_short(item)} (records r1..r{len(shown)})")
             fid = shown[index]
         elif str(item) in by_fact:
             fid = str(item)
         else:
-            return Choice([], f"unknown id: {item!r}")
+            return Choice([], f"unknown id: {_short(item)}")
         if fid not in ids:
             ids.append(fid)
     if len(ids) < min(min_chosen, len(shown)):
@@ -344,6 +344,12 @@ def choose(reply: object, shown: Sequence[str], *, min_chosen: int = 3, known: I
     if ids == list(shown[: len(ids)]):
         return Choice([], "echo: the records were named in the order they were given")
     return Choice(ids)
+
+
+def _short(item: object, limit: int = 80) -> str:
+    """An id as the trace names it: a hostile reply's "id" can be megabytes."""
+    text = repr(item)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def llm_order(

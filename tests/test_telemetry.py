@@ -142,7 +142,7 @@ def test_a_cot_run_gives_a_root_with_its_chat_and_retrieval_spans_in_order(otel:
         "pgr.llm_calls": 4,
         "pgr.store_calls": 3,
         "pgr.errors": 0,
-        "pgr.ranking": "shared",
+        "pgr.ranking": "llm",
         "pgr.scope.keys": ("user_id",),
         "gen_ai.usage.input_tokens": trace.usage.prompt_tokens,
         "gen_ai.usage.output_tokens": trace.usage.completion_tokens,

@@ -87,9 +87,7 @@ def compare_answers(
     undecided = 0
     # a degraded record holds part of a result (an LLM call failed): it is not what a user would get
     todo = [
-        q
-        for q in data.questions
-        if all((m, q.id) in by and not by[(m, q.id)].get("degraded") for m in (first, second))
+        q for q in data.questions if all((m, q.id) in by and not by[(m, q.id)].get("degraded") for m in (first, second))
     ]
     progress = Progress(len(todo), f"answers {first} vs {second}")
     for q in todo:

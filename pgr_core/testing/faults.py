@@ -30,7 +30,7 @@ empty_steps         every list empty, every string ""    not degraded: q_A stays
                                                          facts = query hits, the plain summary
 query_echo          every step (and q_A) repeats the     not degraded: hygiene drops each step as
                     query                                ``echo_of_query``; as for empty_steps
-enormous_output     megabytes: 1,000 steps of 2,000      not degraded: q_A cut to 600 characters, at
+enormous_output     megabytes: 1,000 steps of 1,000      not degraded: q_A cut to 600 characters, at
                     characters, huge strings             most 2 × n_steps steps read (each cut to 300
                                                          characters), at most ``max_probes`` probes of
                                                          ``max_words`` words and ``max_chars``
@@ -311,7 +311,7 @@ def _reply(kind: str, schema: Mapping[str, Any] | None, query: str) -> str:
         return json.dumps(_fill(schema, items, query)) if schema else query
     if kind == "enormous_output":
         items = [
-            {"id": f"n{i}", "parent": None, "action": f"step{i} " + "unbounded " * 200, "dimension": "x" * 500}
+            {"id": f"n{i}", "parent": None, "action": f"step{i} " + "unbounded " * 100, "dimension": "x" * 500}
             for i in range(1000)
         ]
         huge = "enormous " * 200_000
