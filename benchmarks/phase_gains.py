@@ -43,6 +43,11 @@ def first_found(trace: list[dict], query: str) -> dict[str, str]:
     return where
 
 
+def rank(label: str, order: list[str]) -> int:
+    """Phases in the order they run: Phase 1's parts, then Phase-2 rounds by number."""
+    return order.index(label) if label in order else len(order) + int(label.split()[-1])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True)
