@@ -72,11 +72,7 @@ def main() -> int:
                 total += 1
                 ids = [item] if isinstance(item, str) else list(item)
                 hits = [where[i] for i in ids if i in where]
-                label = (
-                    min(hits, key=lambda h: (order + [h]).index(h) if h in order else len(order) + int(h.split()[-1]))
-                    if hits
-                    else "never found"
-                )
+                label = min(hits, key=lambda h: rank(h, order)) if hits else "never found"
                 counts[label] += 1
                 if any(i in r["ids"][:10] for i in ids):
                     kept10[label] += 1
