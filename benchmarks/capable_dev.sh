@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The capable-model tables of docs/evidence.md, replayed from the recorded replies (no LLM is called):
+# MQ-lite dev facts and turns under pgr's defaults, the ranking grid with its leave-one-user-out choice,
+# cot against tot, and what each phase adds.
+#
+#   benchmarks/capable_dev.sh [OUTDIR]      (default benchmarks/results/capable)
+set -euo pipefail
+out=${1:-benchmarks/results/capable}
+mkdir -p "$out"
+export MEM0_TELEMETRY=False
+C="--replies benchmarks/replies/capable --vector-cache .pgr-cache/vectors"
+M=query-only,pgr-none,pgr-feedback,pgr-cot,pgr-tot,query-fusion,hyde
+for kind in facts turns; do
+  pgr eval jsonl --data ../shared/data/mq-lite/dev-$kind.jsonl --methods $M $C --json "$out/dev-$kind.json" \
+    --win-rate pgr-cot:query-only 2>/dev/null | sed -n '/^| method/,/^$/p;/win rate/p'
+done
+echo "## cot against tot (leave-one-user-out), facts"
+python benchmarks/choose_louo.py --data ../shared/data/mq-lite/dev-facts.jsonl \
+  --run cot="$out/dev-facts.records.jsonl@pgr-cot" --run tot="$out/dev-facts.records.jsonl@pgr-tot" 2>&1 | tail -6
+echo "## no LLM: none against feedback (leave-one-user-out)"
+for kind in facts turns; do
+  python benchmarks/choose_louo.py --data ../shared/data/mq-lite/dev-$kind.jsonl \
+    --run none="$out/dev-$kind.records.jsonl@pgr-none" --run feedback="$out/dev-$kind.records.jsonl@pgr-feedback" 2>&1 | tail -2
+done
+echo "## ranking (leave-one-user-out), facts"
+benchmarks/ranking_grid.sh ../shared/data/mq-lite/dev-facts.jsonl "$out/grid-facts"
+echo "## what each phase adds, facts"
+python benchmarks/phase_gains.py --data ../shared/data/mq-lite/dev-facts.jsonl --records "$out/dev-facts.records.jsonl"
