@@ -339,7 +339,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--strategy",
         choices=["tot", "cot", "facet", "feedback", "none"],
         default=None,
-        help="prospection (default: tot with an LLM; without one, feedback: one LLM-free round, the request "
+        help="prospection (default: cot with an LLM; without one, feedback: one LLM-free round, the request "
         "joined to its first hits; none: the query's own list)",
     )
     add_llm_options(p, no_llm=True)

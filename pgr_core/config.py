@@ -47,8 +47,10 @@ class PGRConfig:
       20 first, so ``top(20)`` is the query-only list). ``"llm"`` was chosen by leave-one-user-out on
       MQ-lite dev with a capable model's replies, on every held-out user (docs/evidence.md).
     - ``query_share``: the query's share of every prefix under ``"shared"``, and under ``"llm"``
-      after the chosen records or when there is no choice (docs/evidence.md says where its value
-      came from).
+      after the chosen records or when there is no choice (0.25: with a capable model's steps the
+      smallest share measured was chosen on every held-out user of MQ-lite dev; with the local 1.5B
+      model's steps a larger share lost less, so a small model that cannot choose may want 0.75;
+      docs/evidence.md).
     - ``step_margin``: under ``"scored"``, what every probe's score but the request's gives up
       (0.0; in [0, 1]). Scores are centred (``centring``), so they compare across probes.
     - ``query_weight``: weight of the query's own hit list under ``"fused"``.
@@ -99,7 +101,7 @@ class PGRConfig:
     query_top_k: int = 20
     query_weight: float = 1.5
     ranking: str = "llm"
-    query_share: float = 0.75
+    query_share: float = 0.25
     step_margin: float = 0.0
     answer_context_tokens: int = 1500
     centring: float | None = 1.0

@@ -81,8 +81,9 @@ BudgetArg = Budget | Mapping[str, Any] | None
 
 
 # The strategy PGR runs when none is named; each chosen by leave-one-user-out on MQ-lite dev
-# (docs/evidence.md). Without an LLM: the feedback round, chosen over "none" on every held-out user.
-LLM_STRATEGY = "tot"
+# (docs/evidence.md). With an LLM: the chain (cot), chosen over the tree on every held-out user with a
+# capable model's replies. Without an LLM: the feedback round, chosen over "none" on every held-out user.
+LLM_STRATEGY = "cot"
 NO_LLM_STRATEGY = "feedback"
 
 

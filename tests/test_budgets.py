@@ -32,9 +32,10 @@ def replies(messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any] | N
     prompt = "\n".join(m.get("content", "") for m in messages)
     if "intent" in required:
         return {"intent": "decide whether to join a soccer league this summer"}
-    if "nodes" in required:  # one new step per round: the next one after those the prompt lists
+    if "nodes" in required or "steps" in required:  # one new step a round: the next after those listed
         step = STEPS[prompt.count("\n- id ") % len(STEPS)]
-        return {"nodes": [{"id": "a", "parent": None, "action": step, "dimension": "health"}]}
+        key = "nodes" if "nodes" in required else "steps"
+        return {key: [{"id": "a", "parent": None, "action": step, "dimension": "health"}]}
     if "summary" in required:
         return {"summary": "The knee injury matters most."}
     return "Wait until your knee heals."

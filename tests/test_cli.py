@@ -38,7 +38,7 @@ def test_demo_offline_replays_a_capable_model_and_finds_what_query_only_misses(
     out, err = capsys.readouterr()
     assert "REPLAYING the replies a capable model wrote" in err  # said on screen, not passed off as live
     payload = json.loads(out)
-    assert payload["replayed"] and payload["prospector"] == "llm-tot" and payload["embedder"] == "all-MiniLM-L6-v2"
+    assert payload["replayed"] and payload["prospector"] == "llm-cot" and payload["embedder"] == "all-MiniLM-L6-v2"
     assert len(payload["queries"]) == 3
     for q in payload["queries"]:
         trace = q["trace"]
