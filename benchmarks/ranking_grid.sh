@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Replay the capable model's recorded replies under each candidate ranking and round count, then choose
+# Replay the capable model's recorded replies under each candidate ranking, then choose
 # by leave-one-user-out (benchmarks/choose_louo.py). No LLM is called: these settings change no prompt.
 #
 #   benchmarks/ranking_grid.sh DATA.jsonl OUTDIR [METHODS]
@@ -16,8 +16,5 @@ run() {  # NAME SET...
   runs+=(--run "$name=$out/$name.records.jsonl")
 }
 for s in 0.75 0.6 0.5 0.4 0.25; do run "shared-$s" ranking=shared query_share=$s; done
-for m in 0.0 0.05 0.1; do run "scored-$m" ranking=scored step_margin=$m; done
 for s in 0.75 0.5 0.25; do run "llm-$s" ranking=llm query_share=$s; done
-run summed ranking=summed
-run fused ranking=fused
 python benchmarks/choose_louo.py --data "$data" --methods "$methods" "${runs[@]}" --json "$out/louo.json"

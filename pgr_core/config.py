@@ -39,21 +39,16 @@ class PGRConfig:
     - ``ranking``: how R* is ordered for a budget (see :mod:`pgr_core.ranking`): ``"llm"`` (the
       default: the summary call, which PGR makes anyway, also names the records that matter; they
       lead, and the shared order fills the rest; a reply that makes no choice, as a small model's
-      does, falls back to the shared order and the trace says why), ``"shared"`` (every prefix of R*
-      gives the query's own list ``query_share`` of its slots and the step probes the rest,
-      round-robin), ``"scored"`` (every fact at its best centred score over the probes, each
-      probe's but the request's own less ``step_margin``), ``"summed"`` (the sum of a fact's
-      centred scores over the probes) or ``"fused"`` (best weighted reciprocal rank: the query's top
-      20 first, so ``top(20)`` is the query-only list). ``"llm"`` was chosen by leave-one-user-out on
-      MQ-lite dev with a capable model's replies, on every held-out user (docs/evidence.md).
+      does, falls back to the shared order and the trace says why) or ``"shared"`` (every prefix
+      of R* gives the query's own list ``query_share`` of its slots and the step probes the rest,
+      round-robin). ``"llm"`` was chosen by leave-one-user-out on MQ-lite dev with a capable
+      model's replies, on every held-out user, over the shared order at five shares and three
+      orders since deleted (docs/evidence.md).
     - ``query_share``: the query's share of every prefix under ``"shared"``, and under ``"llm"``
       after the chosen records or when there is no choice (0.25: with a capable model's steps the
       smallest share measured was chosen on every held-out user of MQ-lite dev; with the local 1.5B
       model's steps a larger share lost less, so a small model that cannot choose may want 0.75;
       docs/evidence.md).
-    - ``step_margin``: under ``"scored"``, what every probe's score but the request's gives up
-      (0.0; in [0, 1]). Scores are centred (``centring``), so they compare across probes.
-    - ``query_weight``: weight of the query's own hit list under ``"fused"``.
     - ``answer_context_tokens``: how much of R* (in its order) the answer prompt holds (1500 tokens).
     - ``centring``: w, how far every probe's scores are centred on the scope's memory (1.0; ``None`` or
       0: off): a fact's cosine to a probe loses w x its mean cosine to the scope's facts, so the facts
@@ -99,10 +94,8 @@ class PGRConfig:
     max_facts: int | None = None
     neighbour_decay: float | None = 0.8
     query_top_k: int = 20
-    query_weight: float = 1.5
     ranking: str = "llm"
     query_share: float = 0.25
-    step_margin: float = 0.0
     answer_context_tokens: int = 1500
     centring: float | None = 1.0
     intent_probe: bool = True
@@ -153,10 +146,9 @@ class PGRConfig:
             raise InvalidArgumentError(f"neighbour_decay must be None or a number in (0, 1], got {g!r}")
         if self.ranking not in RANKINGS:
             raise InvalidArgumentError(f"ranking must be one of {', '.join(map(repr, RANKINGS))}, got {self.ranking!r}")
-        for name in ("query_share", "step_margin"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-                raise InvalidArgumentError(f"{name} must be a number in [0, 1], got {value!r}")
+        q = self.query_share
+        if isinstance(q, bool) or not isinstance(q, int | float) or not 0.0 <= q <= 1.0:
+            raise InvalidArgumentError(f"query_share must be a number in [0, 1], got {q!r}")
         t = self.answer_context_tokens
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise InvalidArgumentError(f"answer_context_tokens must be an integer >= 1, got {t!r}")
@@ -166,8 +158,6 @@ class PGRConfig:
         d = self.centring_depth
         if isinstance(d, bool) or not isinstance(d, int) or d < 1:
             raise InvalidArgumentError(f"centring_depth must be an integer >= 1, got {d!r}")
-        if not self.query_weight >= 0:
-            raise InvalidArgumentError(f"query_weight must be >= 0, got {self.query_weight!r}")
 
     def probe_params(self) -> SearchParams:
         return SearchParams(top_k=self.top_k, min_score=self.min_score, window=self.window)

@@ -60,7 +60,6 @@ from .ranking import (
     earned_order,
     fused_order,
     llm_order,
-    scored_order,
     shared_order,
     summed_order,
 )
@@ -73,6 +72,7 @@ from .types import Budget, Hit, Scope, SearchParams
 __all__ = ["PGR", "Answer", "PGRConfig"]
 
 _RRF_K = 60  # reciprocal-rank fusion constant (Cormack et al.): damps the weight of rank 1
+_QUERY_WEIGHT = 1.5  # the request's own list in the fused order: its top 20 outrank every step-only fact
 _ANSWER_TOKENS = 500  # max_tokens of the answer call; answer() keeps them (and one call) in reserve
 _MAX_INTENT_CHARS = 600  # q_A goes into every later prompt: a runaway restatement is cut
 _MAX_SUMMARY_CHARS = 2000
@@ -732,7 +732,7 @@ class PGR(Savings, Drivers):
 
     def _merge(self, p: Prospection, rnd: Round, probe: Probe, hits: list[Hit]) -> None:
         """R ∪= hits; Δ counts direct hits only (neighbours are recorded, not counted toward δ)."""
-        weight = self.config.query_weight if probe.source in QUERY_SIDE else 1.0
+        weight = _QUERY_WEIGHT if probe.source in QUERY_SIDE else 1.0
         for hit in hits:
             if p.date is not None and hit.fact.date is not None:
                 check_same_kind(hit.fact.date, p.date, a_name=f"fact {hit.fact.id!r}'s date", b_name="the query date")
@@ -774,13 +774,11 @@ class PGR(Savings, Drivers):
         cfg = self.config
         p.trace.ranking = ranking = "fused" if p.trace.stop_reason == "adaptive_skip" else cfg.ranking
         probes = [pr for r in p.trace.rounds for pr in r.probes]
-        if (self.prospector.grounded and ranking != "fused") or ranking == "summed":
+        if self.prospector.grounded and ranking != "fused":
             p.trace.ranking = "summed"
             facts = summed_order(p.found, probes)
         elif ranking == "fused":
             facts = fused_order(p.found)
-        elif ranking == "scored":
-            facts = scored_order(p.found, probes, cfg.step_margin)
         elif ranking == "llm" and p.trace.chosen_ids:
             facts = llm_order(p.found, probes, cfg.query_share, p.trace.chosen_ids)
         else:

@@ -1,28 +1,23 @@
 """How R* is ordered for a budget: which facts a user with room for ``n`` gets from ``result.top(n)``.
 
 A user puts a fixed number of facts into a prompt, so the order of R* decides what prospection is
-worth: a fact that only a step probe found helps only if it can outrank a query hit. Three orders,
+worth: a fact that only a step probe found helps only if it can outrank a query hit. Two orders,
 chosen by ``PGRConfig.ranking``:
 
-- ``"fused"``: each fact at its best weighted reciprocal rank over all probes (the query's list
-  weighted by ``query_weight``). With the query's K = 20 and weight 1.5 its top 20 come first, so
-  ``top(20)`` is the query-only list: prospection only appends.
+- ``"llm"`` (the default): the summary call also names the records that matter, most important
+  first; they lead, and the shared order fills the rest. A reply that does not choose (the records'
+  own order echoed, unknown ids, fewer than ``min_chosen``) is ignored and the shared order used;
+  the trace says why.
 - ``"shared"``: the budget is shared. Every prefix of R* gives the query's own list ``query_share``
   of its slots (its hits in their order; with the restatement q_A probed too, PGRConfig.intent_probe,
   each fact at its best score over the request's list and q_A's) and the step probes the rest,
   filled round-robin over the probes (every probe's best hit, then every probe's second...); a fact
   that several step probes returned moves up one round per extra probe, and goes first among its
   round. A fact both lists hold takes the first slot either gives it.
-- ``"scored"``: every fact at its best score over all probes, each probe's score but the
-  request's own less ``step_margin`` (q_A's too: a restatement is the model's reading, like a
-  step): no slot is set aside for the steps, a fact a step found must outscore the request's own
-  next fact by the margin to take its slot. Under centring (``PGRConfig.centring``) every probe's scores are its
-  cosines less the facts' typicality in the caller's memory, so they compare across probes: a
-  generic step ("plan a budget") grazes typical facts and scores them low, a specific one that
-  reaches a specific fact scores it high. When the steps find little the list is the query's own.
-- ``"llm"``: the summary call also names the records that matter, most important first; they lead,
-  and the shared order fills the rest. A reply that does not choose (the records' own order echoed,
-  unknown ids, fewer than ``min_chosen``) is ignored and the shared order used; the trace says why.
+
+Two more orders are internal: :func:`summed_order` (a grounded prospector's, the feedback round's:
+each fact at the sum of its centred scores) and :func:`fused_order` (best weighted reciprocal rank:
+what an adaptive skip keeps, and how facts no pool ranked follow the rest).
 
 Window neighbours earn their places (``PGRConfig.neighbour_decay`` = γ, 0.8): in each probe's list a
 neighbour ``d`` turns from its anchor scores γ^d x the anchor's score and is ranked among the direct
@@ -47,12 +42,13 @@ __all__ = [
     "earned_order",
     "fused_order",
     "llm_order",
-    "scored_order",
     "shared_order",
     "summed_order",
 ]
 
-RANKINGS = ("fused", "shared", "llm", "scored", "summed")  # "summed": also a grounded prospector's own order
+RANKINGS = ("llm", "shared")  # PGRConfig.ranking; "summed" is a grounded prospector's own order
+# The options measured and deleted (docs/evidence.md): "scored" (best centred score, step_margin),
+# "summed" for the LLM strategies, and "fused" (the query's top 20 first: prospection only appends).
 QUERY_SIDE = ("query", "intent")  # the request and its restatement q_A: the query's share of R*
 
 
@@ -97,7 +93,8 @@ def earned_order(hits: Sequence[Hit], decay: float, raw: Mapping[str, float] | N
 
 
 def fused_order(found: Mapping[str, FoundFact]) -> list[FoundFact]:
-    """Best weighted reciprocal rank first, ties by cosine."""
+    """Best weighted reciprocal rank first (the query's own list weighted 1.5: its top 20 first),
+    ties by cosine."""
     return sorted(found.values(), key=lambda f: (-f.rank_score, -f.score))
 
 
@@ -237,32 +234,6 @@ def shared_order(found: Mapping[str, FoundFact], probes: Iterable[Probe], query_
     return [found[i] for i in out] + rest
 
 
-def scored_order(found: Mapping[str, FoundFact], probes: Iterable[Probe], step_margin: float = 0.0) -> list[FoundFact]:
-    """Each fact at its best score over the probes that read it, every probe's but the request's
-    own less ``step_margin`` (ties: the request's first, then the higher rank); a window neighbour ranked by its probe's
-    earned order keeps its place just below the hit before it, one that rides with its anchor
-    (``neighbour_decay=None``) follows it. Facts no probe ranked follow by fused rank.
-
-    >>> from pgr_core.types import Fact, Scope
-    >>> found = {i: FoundFact(Fact(i, i, Scope(user_id="u")), 0.0, 0.0, 1, "q") for i in "abcd"}
-    >>> request = Probe("q", "query", hits=[("a", 0.30), ("b", 0.10)])
-    >>> probes = [request, Probe("s", "step", "s1", hits=[("c", 0.20), ("d", 0.05)])]
-    >>> [f.id for f in scored_order(found, probes)]
-    ['a', 'c', 'b', 'd']
-    >>> [f.id for f in scored_order(found, probes, step_margin=0.15)]
-    ['a', 'b', 'c', 'd']
-    """
-    probes = list(probes)
-
-    def keyed(probe: Probe) -> Iterator[tuple[str, tuple[float, int, int]]]:
-        side = int(probe.source != "query")  # 0: the request's own list; 1: any other (q_A, the steps)
-        for rank, fid, score in _scored_ids(probe):
-            yield fid, (-(score - step_margin * side), side, rank)
-
-    keys = (key for probe in probes for key in keyed(probe))
-    return _with_the_rest(found, probes, _best_first(found, keys))
-
-
 def _with_the_rest(found: Mapping[str, FoundFact], probes: Sequence[Probe], ids: Iterable[str]) -> list[FoundFact]:
     """``ids`` in order, each with the window neighbours that ride with it (none when the probes' lists
     rank their neighbours themselves), then the facts no probe ranked, by fused rank."""
@@ -276,7 +247,7 @@ def summed_order(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> lis
     """Each fact at the sum of its scores over the probes; a probe that did not read a fact gives it
     the lowest score it read (so a fact one probe missed is not ranked as if it scored zero there).
     Ties go to the request's own order. A window neighbour takes the score of the hit before it in each
-    list (as in :func:`scored_order`); one that rides with its anchor (``neighbour_decay=None``) follows
+    list; one that rides with its anchor (``neighbour_decay=None``) follows
     it. Facts no probe ranked follow by fused rank. The ``"feedback"`` strategy's order, where the
     scores are centred, so they add up across probes.
 

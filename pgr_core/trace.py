@@ -214,7 +214,7 @@ class Trace:
     adaptive: Adaptive | None = None  # adaptive mode's decision (None: mode off)
     reused_phase1_from: str | None = None  # the earlier query whose Phase-1 prospection was reused
     reused_similarity: float | None = None  # its cosine to this query
-    ranking: str | None = None  # how R* was ordered: "fused", "shared", "scored", "llm" or "summed" (feedback)
+    ranking: str | None = None  # how R* was ordered: "llm", "shared", "summed" (feedback) or "fused" (an adaptive skip)
     centring: float | None = None  # w the probes' scores were centred with (None: not centred)
     centring_off: str | None = None  # why a call configured to centre could not
     chosen_ids: list[str] = field(default_factory=list)  # ranking "llm": the facts the summary call put first

@@ -81,9 +81,11 @@ def test_set_options_parse_json_and_plain_words() -> None:
     }
     with pytest.raises(InvalidArgumentError, match="ranking must be one of"):
         parse_set_options(["ranking=best"])
-    assert parse_set_options(["ranking=scored", "step_margin=0.2"]) == {"ranking": "scored", "step_margin": 0.2}
-    with pytest.raises(InvalidArgumentError, match=r"step_margin must be a number in \[0, 1\]"):
-        parse_set_options(["step_margin=-0.1"])
+    assert parse_set_options(["ranking=shared", "query_share=0.4"]) == {"ranking": "shared", "query_share": 0.4}
+    with pytest.raises(InvalidArgumentError, match=r"query_share must be a number in \[0, 1\]"):
+        parse_set_options(["query_share=-0.1"])
+    with pytest.raises(InvalidArgumentError, match="ranking must be one of"):
+        parse_set_options(["ranking=scored"])  # measured and deleted
 
 
 def test_locomo_loader_on_a_jsonl_file_says_which_command(tiny_set: Path, capsys: pytest.CaptureFixture[str]) -> None:

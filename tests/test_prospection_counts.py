@@ -12,7 +12,7 @@ import pytest
 
 from pgr_core import PGR, Fact, FoundFact, HashingEmbedder, InMemoryStore, Probe, Scope
 from pgr_core.centring import centred
-from pgr_core.ranking import choose, fused_order, llm_order, scored_order, shared_order
+from pgr_core.ranking import choose, fused_order, llm_order, shared_order
 from pgr_core.testing import ScriptedLLM
 from pgr_core.types import SearchParams
 
@@ -211,20 +211,6 @@ def test_llm_ranking_uses_a_real_choice_and_counts_a_non_choice_in_the_trace() -
     assert "echo" in (echoed.retrieve(QUERY, scope=U).trace.ranking_fallback or "")
 
 
-def test_fused_ranking_keeps_the_query_only_head() -> None:
-    store = far_store()
-    # q_A not probed: with it, fused ranks the restatement's hits at the query's weight too
-    pgr = PGR(store, llm=scripted(), strategy="tot", min_score=0.1, ranking="fused", intent_probe=False)
-    result = pgr.retrieve(QUERY, scope=U)
-    query_list = PGR(store, strategy="none").retrieve(QUERY, scope=U)  # the query's own list, centred as every probe is
-    assert {f.id for f in result.top(20)} == set(query_list.ids[:20])
-    assert result.trace.ranking == "fused"
-    uncentred = PGR(
-        store, llm=scripted(), strategy="tot", min_score=0.1, ranking="fused", centring=None, intent_probe=False
-    )
-    assert {f.id for f in uncentred.retrieve(QUERY, scope=U).top(20)} == set(pgr.query_only(QUERY, scope=U).ids)
-
-
 def test_without_an_llm_the_default_is_the_feedback_round() -> None:
     store = far_store()
     pgr = PGR(store)
@@ -370,39 +356,3 @@ def test_a_restatement_that_only_echoes_the_request_is_not_probed_twice() -> Non
 
     result = PGR(far_store(), llm=ScriptedLLM(handler=echo), strategy="tot", min_score=0.1).retrieve(QUERY, scope=U)
     assert all(p.source != "intent" for r in result.trace.rounds for p in r.probes)
-
-
-def test_scored_order_by_hand() -> None:
-    found = {i: _found(i) for i in ("a", "b", "c", "d", "s", "t")}
-    request = Probe(QUERY, "query", hits=[("a", 0.50), ("b", 0.30), ("c", 0.10)])
-    restated = Probe("decide on a league given the knee", "intent", hits=[("d", 0.45), ("c", 0.42)])
-    step = Probe("knee", "step", step_id="s1", hits=[("s", 0.35), ("t", 0.05)])
-    probes = [request, restated, step]
-    # no margin: every fact at its best score over the three lists (c at q_A's 0.42)
-    assert [f.id for f in scored_order(found, probes, 0.0)] == ["a", "d", "c", "s", "b", "t"]
-    # 0.1 off every list but the request's own: a .50, d .35, c .32, b .30, s .25, t -.05
-    assert [f.id for f in scored_order(found, probes, 0.1)] == ["a", "d", "c", "b", "s", "t"]
-    # a margin of 1: the request's list first in its order, then the rest by their handicapped scores
-    assert [f.id for f in scored_order(found, probes, 1.0)] == ["a", "b", "c", "d", "s", "t"]
-
-
-def test_scored_order_neighbours_follow_their_anchor_unless_ranked_in_the_probe() -> None:
-    found = {i: _found(i) for i in ("q1", "q2", "s1")}
-    found["q1:n"] = _found("q1:n", via="neighbour", anchor="q1")
-    riding = [Probe(QUERY, "query", hits=[("q1", 0.5), ("q2", 0.4)]), Probe("x", "step", "s", hits=[("s1", 0.45)])]
-    assert [f.id for f in scored_order(found, riding)] == ["q1", "q1:n", "s1", "q2"]
-    earned = Probe(QUERY, "query", hits=[("q1", 0.5), ("q2", 0.4)], order=["q1", "q2", "q1:n"])
-    # ranked in the probe's earned order: just below the hit before it (q2's 0.4), the step's s1 above
-    assert [f.id for f in scored_order(found, [earned, riding[1]])] == ["q1", "s1", "q2", "q1:n"]
-
-
-def test_scored_ranking_lets_a_step_specific_fact_outrank_the_querys_weak_hits() -> None:
-    store = far_store()
-    pgr = PGR(store, llm=scripted(), strategy="tot", min_score=0.1, ranking="scored")
-    result = pgr.retrieve(QUERY, scope=U)
-    assert result.trace.ranking == "scored"
-    assert set(FAR) <= set(result.ids[:20])  # the steps' finds outscore the typical soccer facts
-    # with a margin no centred score can make up, the head is the request's own centred list
-    guarded = PGR(store, llm=scripted(), strategy="tot", min_score=0.1, ranking="scored", step_margin=1.0)
-    query_list = PGR(store, strategy="none").retrieve(QUERY, scope=U)
-    assert guarded.retrieve(QUERY, scope=U).ids[:20] == query_list.ids[:20]
