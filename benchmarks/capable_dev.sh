@@ -14,6 +14,8 @@ for kind in facts turns; do
   pgr eval jsonl --data ../shared/data/mq-lite/dev-$kind.jsonl --methods $M $C --json "$out/dev-$kind.json" \
     --win-rate pgr-cot:query-only 2>/dev/null | sed -n '/^| method/,/^$/p;/win rate/p'
 done
+pgr eval locomo --data ../shared/data/locomo --every 39 --methods query-only,pgr-none,pgr-feedback,pgr-cot $C \
+  --json "$out/locomo-e39.json" 2>/dev/null | sed -n '/^| method/,/^$/p'
 echo "## cot against tot (leave-one-user-out), facts"
 python benchmarks/choose_louo.py --data ../shared/data/mq-lite/dev-facts.jsonl \
   --run cot="$out/dev-facts.records.jsonl@pgr-cot" --run tot="$out/dev-facts.records.jsonl@pgr-tot" 2>&1 | tail -6
