@@ -253,6 +253,16 @@ def test_prefeval_missing_folder_says_what_to_pass(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ runner and report
 
 
+def _bus_plan(messages, schema):  # type: ignore[no-untyped-def]
+    """A cot model for the small set: q_A, one step, a summary."""
+    props = (schema or {}).get("properties", {})
+    if "intent" in props:
+        return {"intent": "get around without a car"}
+    if "steps" in props:
+        return {"steps": [{"action": "check the bus timetable", "dimension": "logistics"}]}
+    return {"summary": "the bus matters"}
+
+
 def _small_set() -> tuple[InMemoryStore, EvalSet]:
     store = make_store()
     questions = [
@@ -380,15 +390,7 @@ def test_llm_methods_are_skipped_without_an_llm_and_billed_with_one(tmp_path: Pa
     rows = run_eval(data, ["pgr-cot"], store, log=said.append)
     assert not [r for r in rows if r["method"] == "pgr-cot"] and "needs an LLM" in said[0]
 
-    def handler(messages, schema):  # type: ignore[no-untyped-def]
-        props = (schema or {}).get("properties", {})
-        if "intent" in props:
-            return {"intent": "get around without a car"}
-        if "steps" in props:
-            return {"steps": [{"action": "check the bus timetable", "dimension": "logistics"}]}
-        return {"summary": "the bus matters"}
-
-    llm = ScriptedLLM(handler=handler)
+    llm = ScriptedLLM(handler=_bus_plan)
     cached = CachedLLM(llm, tmp_path / "cache")
     rows = run_eval(data, ["pgr-cot"], store, llm=cached)
     cot = [r for r in rows if r["method"] == "pgr-cot"]
@@ -579,18 +581,10 @@ def test_a_rerun_asks_again_for_degraded_records_and_keeps_the_rest(tmp_path: Pa
     store, data = _small_set()
     records = tmp_path / "r.jsonl"
 
-    def handler(messages, schema):  # type: ignore[no-untyped-def]
-        props = (schema or {}).get("properties", {})
-        if "intent" in props:
-            return {"intent": "get around without a car"}
-        if "steps" in props:
-            return {"steps": [{"action": "check the bus timetable", "dimension": "logistics"}]}
-        return {"summary": "the bus matters"}
-
     refused = ScriptedLLM(handler=lambda m, s: LLMError("no reply yet"))
     first = run_eval(data, ["query-only", "pgr-cot"], store, llm=refused, records=records, log=lambda s: None)
     assert all(r["degraded"] for r in first if r["method"] == "pgr-cot")
-    answered = ScriptedLLM(handler=handler)
+    answered = ScriptedLLM(handler=_bus_plan)
     second = run_eval(data, ["query-only", "pgr-cot"], store, llm=answered, records=records, log=lambda s: None)
     cot = [r for r in second if r["method"] == "pgr-cot"]
     assert len(cot) == 2 and not any(r["degraded"] for r in cot) and answered.calls
