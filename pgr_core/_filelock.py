@@ -140,7 +140,13 @@ class StoreLock:
     def _lock_file(self, deadline: float | None) -> int:
         """The OS lock on the lock file, waiting until ``deadline``; writes who holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except (IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+            raise ConfigurationError(
+                f"cannot use {self.path} as the lock file of {self.target} ({exc.strerror}); "
+                "remove or rename what is there and open the store again"
+            ) from None
         try:
             while fcntl is not None:
                 try:

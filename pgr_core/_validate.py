@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -19,9 +19,38 @@ import numpy as np
 from .errors import InvalidArgumentError
 from .types import Fact, Scope
 
-__all__ = ["MAX_TEXT_CHARS", "check_date_kind", "check_fact", "check_facts", "check_vectors"]
+__all__ = [
+    "MAX_METADATA_DEPTH",
+    "MAX_POSITION",
+    "MAX_TEXT_CHARS",
+    "check_date_kind",
+    "check_fact",
+    "check_facts",
+    "check_id",
+    "check_ids",
+    "check_vectors",
+]
 
 MAX_TEXT_CHARS = 100_000  # one fact; anything longer is a document, not a memory
+MAX_POSITION = 2**63 - 1  # a turn's position is a signed 64-bit payload integer in Qdrant's engine
+MAX_METADATA_DEPTH = 32  # nesting of lists and objects in a fact's metadata (JSON readers recurse)
+
+
+def _depth(value: Any, limit: int) -> bool:
+    """Whether ``value``'s lists and mappings nest deeper than ``limit`` (without recursing)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _utf8(value: str, what: str) -> None:
@@ -62,10 +91,14 @@ def check_fact(fact: object, index: int = 0) -> Fact:
                 "(parse it first: pgr_core._dates.parse_date, or pass date= to add())"
             )
     pos = fact.position
-    if pos is not None and (isinstance(pos, bool) or not isinstance(pos, int) or pos < 0):
-        raise InvalidArgumentError(f"{name}: position must be an integer >= 0 or None, got {pos!r}")
+    if pos is not None and (isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= MAX_POSITION):
+        raise InvalidArgumentError(f"{name}: position must be an integer in [0, 2**63 - 1] or None, got {pos!r:.40}")
     if (fact.session_id is None) != (pos is None):
         raise InvalidArgumentError(f"{name}: give both session_id and position, or neither")
+    if not isinstance(fact.metadata, Mapping):
+        raise InvalidArgumentError(f"{name}: metadata must be a mapping (a dict), got {type(fact.metadata).__name__}")
+    if _depth(fact.metadata, MAX_METADATA_DEPTH):
+        raise InvalidArgumentError(f"{name}: metadata nests deeper than {MAX_METADATA_DEPTH} levels; flatten it")
     try:
         json.dumps(dict(fact.metadata), ensure_ascii=False, allow_nan=False).encode("utf-8")
     except (TypeError, ValueError, UnicodeEncodeError) as exc:
@@ -83,6 +116,22 @@ def check_facts(facts: Sequence[Any]) -> list[Fact]:
             raise InvalidArgumentError(f"fact id {f.id!r} appears twice in one batch with different owners")
         seen[f.id] = f.scope
     return out
+
+
+def check_id(fact_id: object) -> str:
+    """A fact id as a read or delete takes it: a non-empty string."""
+    if not isinstance(fact_id, str) or not fact_id:
+        raise InvalidArgumentError(f"a fact id must be a non-empty string, got {fact_id!r:.60}")
+    return fact_id
+
+
+def check_ids(fact_ids: object) -> list[str]:
+    """Fact ids as a delete takes them: a list (or other iterable) of ids, each once, in order. A lone
+    string is refused: iterated, it would be its characters."""
+    if isinstance(fact_ids, str | bytes) or not isinstance(fact_ids, Iterable):
+        name = type(fact_ids).__name__
+        raise InvalidArgumentError(f"fact ids must be a list of ids, got a {name}: pass [{fact_ids!r:.40}]")
+    return list(dict.fromkeys(check_id(i) for i in fact_ids))
 
 
 def check_date_kind(
@@ -109,7 +158,10 @@ def check_date_kind(
 
 def check_vectors(vectors: Any, rows: int, dim: int) -> np.ndarray:
     """``vectors`` as a float32 (rows, dim) array of finite, non-zero rows."""
-    arr = np.asarray(vectors, dtype=np.float32)
+    try:
+        arr = np.asarray(vectors, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"vectors must be numbers, (rows, dim) floats: {exc}") from None
     if arr.shape != (rows, dim):
         raise InvalidArgumentError(f"vectors must have shape ({rows}, {dim}), got {arr.shape}")
     if rows and not np.isfinite(arr).all():

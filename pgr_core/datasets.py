@@ -274,6 +274,8 @@ def json_objects(lines: Iterable[str], source: str) -> Iterator[tuple[int, dict[
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InvalidArgumentError(f"{source} line {n}: not JSON ({exc.msg})") from None
+        except RecursionError:
+            raise InvalidArgumentError(f"{source} line {n}: nested too deep to read; flatten it") from None
         if not isinstance(record, dict):
             raise InvalidArgumentError(f"{source} line {n}: expected one JSON object per line")
         yield n, record

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ._filelock import StoreLock
-from ._validate import check_date_kind, check_facts, check_vectors
+from ._validate import check_date_kind, check_facts, check_id, check_ids, check_vectors
 from .caches import CachedEmbedder
 from .embedders import Embedder, default_embedder
 from .errors import ConfigurationError, InvalidArgumentError, PGRError, StoreError
@@ -500,7 +500,7 @@ class EdgeStore(AddsOneFact, Store):
         fact with that id it allows: each owner's is one fact. Facts outside ``scope`` stay.
         """
         scope = Scope.coerce(scope)
-        wanted = [str(i) for i in dict.fromkeys(fact_ids)]
+        wanted = check_ids(fact_ids)
         if not wanted:
             return 0
         edge = self._edge
@@ -556,6 +556,7 @@ class EdgeStore(AddsOneFact, Store):
         pass the owner's full scope).
         """
         scope = Scope.coerce(scope)
+        fact_id = check_id(fact_id)
         with self._shard() as shard:
             records = self._resolve(shard, [fact_id], scope, with_vector=False)
         record = records.get(fact_id)

@@ -36,7 +36,7 @@ import numpy as np
 
 from ._dates import parse_date
 from ._filelock import StoreLock
-from ._validate import check_date_kind, check_fact, check_facts, check_vectors
+from ._validate import check_date_kind, check_fact, check_facts, check_id, check_ids, check_vectors
 from .caches import CachedEmbedder
 from .embedders import Embedder, default_embedder
 from .errors import ConfigurationError, InvalidArgumentError
@@ -219,6 +219,7 @@ class InMemoryStore(AddsOneFact, Store):
     def get(self, fact_id: str, *, scope: Scope | Mapping[str, str]) -> Fact | None:
         """The fact with ``fact_id`` that ``scope`` may see, or None."""
         allowed = Scope.coerce(scope)
+        fact_id = check_id(fact_id)
         with self._lock:
             located = self._locate(fact_id, allowed)
             return None if located is None else located[0].facts[located[1]]
@@ -336,7 +337,7 @@ class InMemoryStore(AddsOneFact, Store):
         """Remove the facts ``fact_ids`` that ``scope`` allows; returns how many were removed. Only the
         owners concerned are rebuilt; listeners hear of their scopes."""
         allowed = Scope.coerce(scope)
-        wanted = set(fact_ids)
+        wanted = set(check_ids(fact_ids))
         with self._lock:  # one critical section: no search sees an owner emptied half-way
             doomed: dict[Scope, set[str]] = {}
             for fact_id in wanted:

@@ -198,7 +198,8 @@ class AddsOneFact:
             date=parse_date(date, what="date"),
             session_id=session_id,
             position=position,
-            metadata=dict(metadata or {}),
+            # a mapping is copied; anything else reaches check_fact as it is, and is refused there by name
+            metadata=dict(metadata) if isinstance(metadata, Mapping) else ({} if metadata is None else metadata),
         )
         return self.add_facts([fact])[0]
 
