@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Unpack
 
@@ -642,7 +642,7 @@ class OpenAICompatible(_FlowLLM):
         self._slots = threading.BoundedSemaphore(max_concurrency)  # sync requests in flight
         # One async client and one slot semaphore per event loop: pooled connections die with the loop
         # that opened them (asyncio.run twice), and an asyncio.Semaphore belongs to one loop.
-        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, asyncio.Semaphore]] = (
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, asyncio.Semaphore, Any]] = (
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
@@ -666,16 +666,22 @@ class OpenAICompatible(_FlowLLM):
                 )
             return self._client
 
-    def _async_state(self) -> tuple[Any, asyncio.Semaphore]:
+    async def _async_state(self) -> tuple[Any, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
         with self._lock:
             state = self._per_loop.get(loop)
+            fresh = state is None
             if state is None:
                 client = self._openai().AsyncOpenAI(
                     base_url=self.base_url, api_key=self._api_key, timeout=self.timeout, max_retries=0
                 )
-                state = self._per_loop[loop] = (client, asyncio.Semaphore(self.max_concurrency))
-            return state
+                closer = _closed_with_loop(client)
+                state = self._per_loop[loop] = (client, asyncio.Semaphore(self.max_concurrency), closer)
+        if fresh:
+            # started in this loop, so the loop's shutdown_asyncgens (asyncio.run does it) finishes it:
+            # the client's connections are closed while the loop can still run the close
+            await state[2].__anext__()
+        return state[0], state[1]
 
     # -- request building and error mapping, shared by sync and async
     def _mode_for(self, schema: Schema) -> str:
@@ -852,7 +858,7 @@ class OpenAICompatible(_FlowLLM):
         return _within(exchange.bound, in_slot, exchange.late)
 
     async def _asend(self, exchange: _Exchange) -> Completion:
-        client, slots = self._async_state()
+        client, slots = await self._async_state()
         try:
             await asyncio.wait_for(slots.acquire(), exchange.left)
         except TimeoutError:
@@ -864,6 +870,15 @@ class OpenAICompatible(_FlowLLM):
             raise exchange.late from None
         finally:
             slots.release()
+
+
+async def _closed_with_loop(client: Any) -> AsyncIterator[None]:
+    """Holds ``client`` open until its event loop shuts its async generators down, then closes it: a
+    loop per call (``asyncio.run`` per request) must not leave a socket behind each time."""
+    try:
+        yield
+    finally:
+        await client.close()
 
 
 def llm_from_env(timeout: float | None = None) -> LLM | None:

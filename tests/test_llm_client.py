@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -542,3 +544,23 @@ def test_llm_from_env_pgr_llm_none_returns_none(monkeypatch: pytest.MonkeyPatch)
 def test_bad_arguments_raise_invalid_argument(kwargs: dict[str, object]) -> None:
     with pytest.raises(InvalidArgumentError):
         OpenAICompatible(base_url="http://127.0.0.1:9/v1", model="m", **kwargs)  # type: ignore[arg-type]
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts this process's file descriptors in /proc")
+def test_a_new_event_loop_per_call_leaves_no_socket_behind(
+    server: LoopbackLLM, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """asyncio.run once per request (issue 35, item 3): each loop's client is closed with its loop."""
+    server.queue(*[ok("hi") for _ in range(40)])
+    llm = OpenAICompatible(base_url=server.base_url, model="m", timeout=5)
+    asyncio.run(llm.acomplete(MESSAGES))  # the first call imports and sets up what every later one reuses
+    before = _open_fds()
+    for _ in range(30):
+        assert asyncio.run(llm.acomplete(MESSAGES)).text == "hi"
+    gc.collect()
+    assert _open_fds() - before < 5  # it was one socket more per call
+    assert "Event loop is closed" not in capfd.readouterr().err
