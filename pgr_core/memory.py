@@ -191,6 +191,7 @@ class InMemoryStore(AddsOneFact, Store):
         self._lock = threading.RLock()
         self._aware: bool | None = None  # all dates aware, or all naive
         self._dated = 0  # facts holding a date; at 0 the store takes either kind again
+        self._files: dict[str, tuple[int, int, int]] = {}  # file -> its signature when loaded or saved here
 
     def __len__(self) -> int:
         return len(self._owner_of)
@@ -443,6 +444,13 @@ class InMemoryStore(AddsOneFact, Store):
             )
         meta = {"format": _FORMAT, "embedder": self.embedder.name, "dim": self.embedder.dim}
         with StoreLock(path, what="InMemoryStore.save"):
+            known = self._files.get(str(path.resolve()))
+            if known is not None and path.exists() and _signature(path) != known:
+                raise ConfigurationError(
+                    f"{path} changed since this store loaded or saved it (another process saved it): saving "
+                    "would drop that process's facts. Load the file again, add your facts, and save; or save "
+                    "to another path. Several processes share one memory through EdgeStore or a Qdrant server"
+                )
             with self._lock:
                 views = [b.view() for b in self._blocks.values()]
             _remove_stale_temporaries(path)  # left by a save that was killed; none runs now (the lock)
@@ -459,6 +467,7 @@ class InMemoryStore(AddsOneFact, Store):
                     os.unlink(tmp)
                 raise
             _fsync_directory(path.parent)
+            self._files[str(path.resolve())] = _signature(path)
         return path
 
     @classmethod
@@ -474,6 +483,7 @@ class InMemoryStore(AddsOneFact, Store):
             )
         if not path.exists():
             raise ConfigurationError(f"no store file at {path}; create one with `pgr demo --save-store {path}`")
+        signature = _signature(path)  # before reading: a save that lands meanwhile changes it
         meta, lines, vectors = _read_archive(path)
         store = cls(embedder=embedder)
         _check_meta(path, meta, store.embedder)
@@ -483,10 +493,17 @@ class InMemoryStore(AddsOneFact, Store):
             store._write(facts, vectors)
         except InvalidArgumentError as exc:
             raise ConfigurationError(f"{path}: {exc}; {_DAMAGED}") from exc
+        store._files[str(path.resolve())] = signature
         return store
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _signature(path: Path) -> tuple[int, int, int]:
+    """What changes when any save replaces the file: save() moves a new file (a new inode) onto it."""
+    st = path.stat()
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _keys(scope: Scope) -> list[tuple[str, str]]:

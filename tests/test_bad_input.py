@@ -104,3 +104,45 @@ def test_a_data_line_nested_too_deep_is_one_line_of_error(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "line 1: nested too deep" in err and "Traceback" not in err
+
+
+def test_two_processes_load_add_save_one_file_and_the_second_save_refuses(tmp_path: Path) -> None:
+    """Issue 35, item 2: the second writer's save would silently drop the first one's facts."""
+    import subprocess
+    import sys
+    import textwrap
+
+    path = tmp_path / "m.pgr"
+    base = InMemoryStore(embedder=HashingEmbedder())
+    base.add("Twisted my knee in February", scope=ALICE, id="t1")
+    base.save(path)
+    first = InMemoryStore.load(path, embedder=HashingEmbedder())
+    second = InMemoryStore.load(path, embedder=HashingEmbedder())
+    # another process loads, adds and saves in between
+    script = textwrap.dedent(f"""
+        from pgr_core import HashingEmbedder, InMemoryStore, Scope
+        s = InMemoryStore.load({str(path)!r}, embedder=HashingEmbedder())
+        s.add("Sold the car in January", scope=Scope(user_id="alice"), id="other")
+        s.save({str(path)!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True)
+    first.add("Evening class on Tuesdays", scope=ALICE, id="mine")
+    with pytest.raises(ConfigurationError, match="changed since this store loaded or saved it"):
+        first.save(path)
+    kept = InMemoryStore.load(path, embedder=HashingEmbedder())
+    assert kept.get("other", scope=ALICE) is not None  # the other process's fact is not lost
+    # the documented way through: load again, add, save
+    again = InMemoryStore.load(path, embedder=HashingEmbedder())
+    again.add("Evening class on Tuesdays", scope=ALICE, id="mine")
+    again.save(path)
+    both = InMemoryStore.load(path, embedder=HashingEmbedder())
+    assert {"t1", "other", "mine"} <= {f.id for f in both.facts}
+    # a store saving over its own last save needs no reload; one that never read the file may write it
+    again.add("Likes early runs", scope=ALICE, id="later")
+    again.save(path)
+    assert second.get("t1", scope=ALICE) is not None
+    with pytest.raises(ConfigurationError, match="changed since"):
+        second.save(path)
+    fresh = InMemoryStore(embedder=HashingEmbedder())
+    fresh.add("A new memory", scope=ALICE, id="n1")
+    fresh.save(tmp_path / "other.pgr")
