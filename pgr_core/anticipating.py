@@ -234,7 +234,13 @@ class Anticipating(AddsOneFact, Store):
         self.scoring = scoring
         self.cue_depth = 2  # cue hits asked per probe: cue_depth x top_k (a fact has several cues)
         self.writer = writer
-        self.cues = self._cue_index(store, cues)
+        try:
+            self.cues = self._cue_index(store, cues)
+        except BaseException:
+            # an Anticipating owns the store it wraps (close() closes it): one that cannot be built
+            # must not leave it open, its lock held, behind an error the caller cannot close
+            _close(store)
+            raise
         # centred scores are not cosines (τ still reads the cosines behind them)
         cosine = store.capabilities.cosine_scores and scoring == "max"
         self.capabilities = replace(store.capabilities, cosine_scores=cosine)  # type: ignore[misc]
@@ -534,9 +540,7 @@ class Anticipating(AddsOneFact, Store):
     def close(self) -> None:
         """Close the wrapped store and the cue index (an EdgeStore releases its lock)."""
         for part in (self.cues, self.store):
-            close = getattr(part, "close", None)
-            if callable(close):
-                close()
+            _close(part)
 
     def __enter__(self) -> Anticipating:
         return self
@@ -618,3 +622,9 @@ class Anticipating(AddsOneFact, Store):
             if progress is not None:
                 progress(done, len(sessions))
         return report
+
+
+def _close(part: object) -> None:
+    close = getattr(part, "close", None)
+    if callable(close):
+        close()

@@ -146,3 +146,17 @@ def test_two_processes_load_add_save_one_file_and_the_second_save_refuses(tmp_pa
     fresh = InMemoryStore(embedder=HashingEmbedder())
     fresh.add("A new memory", scope=ALICE, id="n1")
     fresh.save(tmp_path / "other.pgr")
+
+
+def test_an_anticipating_whose_cue_index_fails_to_open_closes_the_store_it_was_given(tmp_path: Path) -> None:
+    """Issue 35, item 4 (its last part): the wrapped store's lock is released, so it can be opened again."""
+    from pgr_core import Anticipating
+
+    path = tmp_path / "edge"
+    EdgeStore.open(path, embedder=HashingEmbedder()).close()
+    (path / "cues" / ".lock").mkdir(parents=True)  # the cue index cannot take its lock
+    store = EdgeStore.open(path, embedder=HashingEmbedder(), lock_timeout_s=0)
+    with pytest.raises(ConfigurationError, match="lock file"):
+        Anticipating(store)
+    again = EdgeStore.open(path, embedder=HashingEmbedder(), lock_timeout_s=0)  # not locked by the first
+    again.close()
