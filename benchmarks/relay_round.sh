@@ -13,7 +13,7 @@ replies=$1 work=$2 parts=$3; shift 3
 tools=$(cd "$(dirname "$0")/../../shared/tools" 2>/dev/null && pwd || echo ../shared/tools)
 shopt -s nullglob
 for f in "$work"/answers-*.json; do
-  python3 "$tools/relay-batch.py" load "$replies" "$f"
+  python3 "$(dirname "$0")/relay_load.py" "$replies" "$f"
   mv "$f" "$f.filed"
 done
 rm -f "$replies"/pending/*.json
