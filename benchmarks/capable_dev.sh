@@ -10,10 +10,11 @@ mkdir -p "$out"
 export MEM0_TELEMETRY=False
 C="--replies benchmarks/replies/capable --vector-cache .pgr-cache/vectors"
 M=query-only,pgr-none,pgr-feedback,pgr-cot,pgr-tot,query-fusion,hyde
-for kind in facts turns; do
-  pgr eval jsonl --data ../shared/data/mq-lite/dev-$kind.jsonl --methods $M $C --json "$out/dev-$kind.json" \
-    --win-rate pgr-cot:query-only 2>/dev/null | sed -n '/^| method/,/^$/p;/win rate/p'
-done
+# PAG answers were judged on facts (the answers on turns were not recorded)
+pgr eval jsonl --data ../shared/data/mq-lite/dev-facts.jsonl --methods $M $C --json "$out/dev-facts.json" \
+  --win-rate pgr-cot:query-only 2>/dev/null | sed -n '/^| method/,/^$/p;/win rate/p'
+pgr eval jsonl --data ../shared/data/mq-lite/dev-turns.jsonl --methods $M $C --json "$out/dev-turns.json" \
+  2>/dev/null | sed -n '/^| method/,/^$/p'
 pgr eval locomo --data ../shared/data/locomo --every 39 --methods query-only,pgr-none,pgr-feedback,pgr-cot $C \
   --json "$out/locomo-e39.json" 2>/dev/null | sed -n '/^| method/,/^$/p'
 echo "## cot against tot (leave-one-user-out), facts"
