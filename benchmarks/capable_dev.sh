@@ -17,6 +17,8 @@ pgr eval jsonl --data ../shared/data/mq-lite/dev-turns.jsonl --methods $M $C --j
   2>/dev/null | sed -n '/^| method/,/^$/p'
 pgr eval locomo --data ../shared/data/locomo --every 39 --methods query-only,pgr-none,pgr-feedback,pgr-cot $C \
   --json "$out/locomo-e39.json" 2>/dev/null | sed -n '/^| method/,/^$/p'
+pgr eval prefeval --data ../shared/data/prefeval --per-topic 5 --fillers 5 --filler-pool 6 --every 5 \
+  --methods query-only,pgr-feedback,pgr-cot $C --json "$out/prefeval-pool6-e5.json" 2>/dev/null | sed -n '/^| method/,/^$/p'
 echo "## cot against tot (leave-one-user-out), facts"
 python benchmarks/choose_louo.py --data ../shared/data/mq-lite/dev-facts.jsonl \
   --run cot="$out/dev-facts.records.jsonl@pgr-cot" --run tot="$out/dev-facts.records.jsonl@pgr-tot" 2>&1 | tail -6
