@@ -73,7 +73,7 @@ __all__ = ["PGR", "Answer", "PGRConfig"]
 
 _RRF_K = 60  # reciprocal-rank fusion constant (Cormack et al.): damps the weight of rank 1
 _QUERY_WEIGHT = 1.5  # the request's own list in the fused order: its top 20 outrank every step-only fact
-_ANSWER_TOKENS = 500  # max_tokens of the answer call; answer() keeps them (and one call) in reserve
+ANSWER_TOKENS = 500  # max_tokens of the answer call; answer() keeps them (and one call) in reserve
 _MAX_INTENT_CHARS = 600  # q_A goes into every later prompt: a runaway restatement is cut
 _MAX_SUMMARY_CHARS = 2000
 
@@ -85,6 +85,27 @@ BudgetArg = Budget | Mapping[str, Any] | None
 # capable model's replies. Without an LLM: the feedback round, chosen over "none" on every held-out user.
 LLM_STRATEGY = "cot"
 NO_LLM_STRATEGY = "feedback"
+
+
+def answer_prompt(
+    p: Prospection,
+    facts: Sequence[FoundFact],
+    summary: str | None,
+    *,
+    max_tokens: int | None = None,
+    limit: int | None = None,
+    shown: list[str] | None = None,
+) -> str:
+    """The answer prompt (PAG): ``facts`` in their order, cut to ``limit`` facts or ``max_tokens``
+    tokens, after the prospection ``summary`` ("(none)" without one). :meth:`PGR.answer` and the
+    evaluation's answer comparison build the same request with it."""
+    return render(
+        "answer",
+        date=p.date_text(),
+        query=p.query,
+        summary=quoted(summary, _MAX_SUMMARY_CHARS) if summary else "(none)",
+        memories=p.memory_lines(facts, limit, max_tokens=max_tokens, shown=shown),
+    )
 
 
 def _strategy_prospector(strategy: str | Prospector | None, llm: LLM | None) -> Prospector:
@@ -613,24 +634,18 @@ class PGR(Savings, Drivers):
         return RetrievalResult(facts=facts[:k], summary="", trace=trace)
 
     def _answer_flow(self, query: str, scope: Scope, date: datetime | None, meter: Meter) -> Flow:
-        meter.reserved_calls, meter.reserved_tokens = 1, _ANSWER_TOKENS  # retrieval leaves room to answer
+        meter.reserved_calls, meter.reserved_tokens = 1, ANSWER_TOKENS  # retrieval leaves room to answer
         result = yield from self._retrieve_flow(query, scope, date, meter)
         meter.reserved_calls = meter.reserved_tokens = 0
         facts = result.facts
         p = Prospection(query=query, date=date, scope=scope, trace=result.trace)
         shown: list[str] = []
-        text = render(
-            "answer",
-            date=p.date_text(),
-            query=query,
-            summary=quoted(result.summary, _MAX_SUMMARY_CHARS) if result.summary else "(none)",
-            memories=p.memory_lines(facts, max_tokens=self.config.answer_context_tokens, shown=shown),
-        )
+        text = answer_prompt(p, facts, result.summary, max_tokens=self.config.answer_context_tokens, shown=shown)
         result.trace.answer_fact_ids = shown
         try:
             with self._phase(result.trace, "answer"):
                 messages = [{"role": "user", "content": text}]
-                completion = yield Ask("answer", messages, None, _ANSWER_TOKENS, result.trace)
+                completion = yield Ask("answer", messages, None, ANSWER_TOKENS, result.trace)
         except LLMError as exc:
             result.trace.errors.append(f"answer: {type(exc).__name__}: {exc}")
             return Answer(text="", facts=facts, retrieval=result, degraded=True, error=str(exc))

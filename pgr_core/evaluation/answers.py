@@ -19,9 +19,8 @@ from typing import Any
 from ..config import PGRConfig
 from ..errors import LLMError
 from ..llm import LLM
-from ..policy import _ANSWER_TOKENS, _MAX_SUMMARY_CHARS
-from ..prompts import render
-from ..prospectors import Prospection, quoted
+from ..policy import ANSWER_TOKENS, answer_prompt
+from ..prospectors import Prospection
 from ..store import Store
 from ..trace import FoundFact, Trace
 from .data import EvalQuestion, EvalSet
@@ -32,21 +31,15 @@ __all__ = ["answer_with", "compare_answers"]
 
 
 def answer_with(
-    llm: LLM,
-    store: Store,
-    q: EvalQuestion,
-    ids: Sequence[str],
-    *,
-    k: int = 20,
-    summary: str | None = None,
-    context_tokens: int | None = None,
+    llm: LLM, store: Store, q: EvalQuestion, ids: Sequence[str], *, k: int = 20, summary: str | None = None
 ) -> str | None:
-    """pgr's answer prompt filled with the facts ``ids`` (first ``k``; with ``summary``, PAG's: as many
-    as fit ``context_tokens``, after the summary); None when the LLM fails."""
+    """pgr's answer prompt filled with the facts ``ids``: the first ``k`` with no summary, or, with a
+    ``summary``, as :meth:`PGR.answer` fills it (PAG: as many as fit ``answer_context_tokens``, after
+    the summary); None when the LLM fails."""
     get = getattr(store, "get", None)
     if get is None:
         raise TypeError("answer comparison needs a store with get(fact_id, scope=...), e.g. InMemoryStore")
-    facts = [f for f in (get(i, scope=q.scope) for i in (ids if summary is not None else ids[:k])) if f is not None]
+    facts = [f for f in (get(i, scope=q.scope) for i in (ids if summary else ids[:k])) if f is not None]
     found = [FoundFact(fact=f, score=0.0, rank_score=0.0, round=0, probe="") for f in facts]
     p = Prospection(
         query=q.question,
@@ -54,14 +47,12 @@ def answer_with(
         scope=q.scope,
         trace=Trace(query=q.question, strategy="answer", prospector="none"),
     )
-    if summary is not None:
-        memories = p.memory_lines(found, max_tokens=context_tokens or PGRConfig().answer_context_tokens)
-        brief = quoted(summary, _MAX_SUMMARY_CHARS)
+    if summary:
+        text = answer_prompt(p, found, summary, max_tokens=PGRConfig().answer_context_tokens)
     else:
-        memories, brief = p.memory_lines(found, k), "(none)"
-    text = render("answer", date=p.date_text(), query=q.question, summary=brief, memories=memories)
+        text = answer_prompt(p, found, None, limit=k)
     try:
-        return llm.complete([{"role": "user", "content": text}], max_tokens=_ANSWER_TOKENS).text.strip()
+        return llm.complete([{"role": "user", "content": text}], max_tokens=ANSWER_TOKENS).text.strip()
     except LLMError:
         return None
 
