@@ -176,9 +176,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         # the replies answer the prompts of the default run only: its strategy, MiniLM, no window
         recorded = embedder.name == demo.RECORDED_WITH and args.strategy == LLM_STRATEGY and not args.window
-        llm = demo.recorded_llm() if recorded else None
-        if llm is not None:
-            replaying = True
+        if recorded:
+            llm, replaying = demo.recorded_llm(), True
             _say(DEMO_REPLAY_NOTE)
         else:
             _say(DEMO_NO_REPLAY_NOTE.format(embedder=embedder.name, strategy=NO_LLM_STRATEGY))

@@ -27,12 +27,10 @@ __all__ = ["RECORDED_WITH", "DemoQuery", "build_store", "load_history", "recorde
 RECORDED_WITH = "all-MiniLM-L6-v2"  # the embedder the recorded replies' prompts were built with
 
 
-def recorded_llm() -> RecordedLLM | None:
+def recorded_llm() -> RecordedLLM:
     """The capable model's recorded replies for the bundled questions (see the module docstring)."""
-    path = resources.files(__package__).joinpath("replies.json")
-    if not path.is_file():
-        return None
-    return RecordedLLM(json.loads(path.read_text(encoding="utf-8")), name="recorded capable model")
+    text = resources.files(__package__).joinpath("replies.json").read_text(encoding="utf-8")
+    return RecordedLLM(json.loads(text), name="recorded capable model")
 
 
 def load_history() -> dict[str, Any]:
