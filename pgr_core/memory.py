@@ -191,7 +191,7 @@ class InMemoryStore(AddsOneFact, Store):
         self._lock = threading.RLock()
         self._aware: bool | None = None  # all dates aware, or all naive
         self._dated = 0  # facts holding a date; at 0 the store takes either kind again
-        self._files: dict[str, tuple[int, int, int]] = {}  # file -> its signature when loaded or saved here
+        self._files: dict[str, tuple[int, int, int]] = {}  # a file this store loaded -> its signature then
 
     def __len__(self) -> int:
         return len(self._owner_of)
@@ -444,7 +444,10 @@ class InMemoryStore(AddsOneFact, Store):
             )
         meta = {"format": _FORMAT, "embedder": self.embedder.name, "dim": self.embedder.dim}
         with StoreLock(path, what="InMemoryStore.save"):
-            known = self._files.get(str(path.resolve()))
+            # a store that loaded this file refuses to overwrite another process's save of it; one that
+            # never read it replaces it whole, as before (last writer wins)
+            key = str(path.resolve())
+            known = self._files.get(key)
             if known is not None and path.exists() and _signature(path) != known:
                 raise ConfigurationError(
                     f"{path} changed since this store loaded or saved it (another process saved it): saving "
@@ -467,7 +470,8 @@ class InMemoryStore(AddsOneFact, Store):
                     os.unlink(tmp)
                 raise
             _fsync_directory(path.parent)
-            self._files[str(path.resolve())] = _signature(path)
+            if key in self._files:  # a file this store read: its next save compares against this one
+                self._files[key] = _signature(path)
         return path
 
     @classmethod
