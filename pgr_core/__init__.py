@@ -14,6 +14,7 @@ from .edge import EdgeStore
 from .embedders import Embedder, HashingEmbedder, MiniLMEmbedder, default_embedder
 from .errors import (
     ConfigurationError,
+    DamagedStoreError,
     InvalidArgumentError,
     LLMConnectionError,
     LLMError,
@@ -53,6 +54,7 @@ __all__ = [
     "CueCache",
     "CueWriter",
     "DIMENSIONS",
+    "DamagedStoreError",
     "DroppedProbe",
     "EdgeStore",
     "Embedder",

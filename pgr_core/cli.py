@@ -251,6 +251,77 @@ def cmd_store_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _edge_dirs(path: Path) -> list[Path]:
+    """The EdgeStore at ``path`` and the cue index inside it, if any (``<dir>/cues``)."""
+    from .builtin import is_file_store
+    from .edge import META_FILE
+
+    if is_file_store(path):
+        raise InvalidArgumentError(
+            f"{path} is a .pgr file: loading it checks it whole (a damaged one is refused, naming the damaged "
+            "part); `pgr store check` and `repair` are for EdgeStore directories"
+        )
+    if not (path / META_FILE).exists():
+        raise InvalidArgumentError(f"{path} is not an EdgeStore directory (no {META_FILE})")
+    return [path] + ([path / "cues"] if (path / "cues" / META_FILE).exists() else [])
+
+
+def _lost_lines(lost: Sequence[Sequence[Any]], limit: int = 20) -> list[str]:
+    names = ("user_id", "agent_id", "run_id")
+    lines = []
+    for *owner, fact_id in lost[:limit]:
+        who = ", ".join(f"{k}={v}" for k, v in zip(names, owner, strict=True) if v is not None)
+        lines.append(f"  lost: {fact_id} ({who})")
+    if len(lost) > limit:
+        lines.append(f"  ... and {len(lost) - limit} more (all of them with --json)")
+    return lines
+
+
+def cmd_store_check(args: argparse.Namespace) -> int:
+    """Compare an EdgeStore's engine files (and its cue index's) with what it acknowledged; exit 1 when
+    something is lost. Changes nothing."""
+    from .edge import EdgeStore
+
+    reports = [EdgeStore.check(d) for d in _edge_dirs(args.path)]
+    for r in reports:
+        if r["ok"]:
+            print(f"{r['path']}: ok, {r['held']} facts (all acknowledged ones)")
+            continue
+        problem = r["error"] or f"{len(r['lost'])} of {r['acknowledged']} acknowledged facts are gone"
+        print(f"{r['path']}: DAMAGED: {problem}; {r['held']} facts intact")
+        print("\n".join(_lost_lines(r["lost"])))
+    if args.json:
+        _write_json(args.json, reports)
+    damaged = [r["path"] for r in reports if not r["ok"]]
+    if damaged:
+        _say(f"repair keeps every intact fact: pgr store repair {args.path}")
+    return 1 if damaged else 0
+
+
+def cmd_store_repair(args: argparse.Namespace) -> int:
+    """Rebuild a damaged EdgeStore (and its cue index) from the facts its files still hold."""
+    from .edge import EdgeStore
+
+    reports = [EdgeStore.repair(d) for d in _edge_dirs(args.path)]
+    for r in reports:
+        if not r["repaired"]:
+            print(f"{r['path']}: whole, nothing to repair ({r['kept']} facts)")
+            continue
+        lost = f"{len(r['lost'])} lost"
+        if r["lost_unknown"]:
+            lost = "which facts were lost is unknown (its record was gone)"
+        print(f"{r['path']}: repaired: {r['kept']} facts kept (read from the {r['read_from']}), {lost}")
+        print("\n".join(_lost_lines(r["lost"])))
+        print(f"  the damaged shard is kept at {r['damaged_copy']} (delete it when satisfied); report: {r['report']}")
+    if args.json:
+        _write_json(args.json, reports)
+    return 0
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
+
+
 def _users_note(store: Any) -> str:
     from .cli_write import users_of
 
@@ -751,6 +822,14 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--out", type=Path, required=True, help="the new store directory")
     imp.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
     imp.set_defaults(func=cmd_store_import)
+    chk = st_sub.add_parser("check", help="say whether an EdgeStore lost facts it acknowledged (changes nothing)")
+    chk.add_argument("path", type=Path, help="the store directory")
+    chk.add_argument("--json", type=Path, help="also write the report here")
+    chk.set_defaults(func=cmd_store_check)
+    rep_ = st_sub.add_parser("repair", help="rebuild a damaged EdgeStore from every intact fact; lists the lost")
+    rep_.add_argument("path", type=Path, help="the store directory")
+    rep_.add_argument("--json", type=Path, help="also write the report here")
+    rep_.set_defaults(func=cmd_store_repair)
 
     plug = sub.add_parser("plugins", help="list plugins and what they register")
     plug.set_defaults(func=cmd_plugins)

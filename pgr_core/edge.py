@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import sqlite3
 import threading
 import time
 import uuid
@@ -30,11 +32,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ._acknowledged import FILE as ACK_FILE
+from ._acknowledged import Acknowledged, Row
 from ._filelock import StoreLock
 from ._validate import check_date_kind, check_facts, check_id, check_ids, check_vectors
 from .caches import CachedEmbedder
 from .embedders import Embedder, default_embedder
-from .errors import ConfigurationError, InvalidArgumentError, PGRError, StoreError
+from .errors import ConfigurationError, DamagedStoreError, InvalidArgumentError, PGRError, StoreError
 from .store import AddsOneFact, Store, validate_probes
 from .types import Capabilities, Fact, Hit, Scope, SearchParams
 
@@ -132,6 +136,7 @@ class _Resources:
         self.gate = gate
         self.shard: Any = None
         self.lock: StoreLock | None = None
+        self.ack: Acknowledged | None = None
 
     def close(self) -> None:
         try:
@@ -140,10 +145,15 @@ class _Resources:
                     self.shard.flush()
                 finally:
                     self.shard.close()
+                if self.ack is not None:  # the engine's files are whole: the next open need not list them
+                    self.ack.set_state("clean", "1")
         except Exception as exc:  # a close at exit or collection must not raise; the WAL still holds the writes
             logger.warning("closing the EdgeStore at %s failed: %s", self.root, exc)
         finally:
             self.shard = None
+            if self.ack is not None:
+                self.ack.close()
+                self.ack = None
             if self.lock is not None:
                 self.lock.release()
                 self.lock = None
@@ -305,7 +315,12 @@ class EdgeStore(AddsOneFact, Store):
                         f"{shard_dir} is open in another program (the engine's write-ahead log is locked); "
                         "close it there first"
                     ) from exc
-                raise StoreError(f"EdgeStore: loading {shard_dir} failed: {type(exc).__name__}: {exc}") from exc
+                raise DamagedStoreError(
+                    f"{root} is damaged: the engine cannot load {shard_dir} ({type(exc).__name__}: {exc}); "
+                    f"nothing was changed. {_repair_hint(root)}",
+                    path=root,
+                ) from exc
+            self._verify(meta)
             return bool(meta.get("hybrid"))
         others = sorted(p.name for p in root.iterdir() if p.name != ".lock")
         if others:
@@ -322,11 +337,11 @@ class EdgeStore(AddsOneFact, Store):
             raise ConfigurationError(f"no EdgeStore at {root}; pass create=True to make one there")
         is_hybrid = bool(hybrid)
         with _backend("creating the shard"):
-            self._res.shard = self._edge.EdgeShard.create(str(root / SHARD_DIR), self._config(is_hybrid))
-            for op in self._index_operations():
-                self._res.shard.update(op)
-            self._res.shard.flush()
-        self._write_meta(
+            self._res.shard = _create_shard(self._edge, root / SHARD_DIR, int(self.embedder.dim), is_hybrid)
+        self._res.ack = Acknowledged(root, durable=self._sync_writes)
+        self._res.ack.set_state("clean", "0")
+        _write_meta(
+            root,
             {
                 "format": FORMAT,
                 "embedder": self.embedder.name,
@@ -335,18 +350,43 @@ class EdgeStore(AddsOneFact, Store):
                 "dense_vector": DENSE,
                 "sparse_vector": SPARSE if is_hybrid else None,
                 "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            }
+                "acknowledged": True,
+            },
         )
         return is_hybrid
 
-    def _read_meta(self, meta_path: Path) -> dict[str, Any]:
+    def _verify(self, meta: Mapping[str, Any]) -> None:
+        """Compare the loaded shard with the acknowledged record (see :mod:`pgr_core._acknowledged`):
+        refuse a shard that lost an acknowledged fact, adopt points a crashed writer did not record.
+
+        After a clean close a count suffices; after a crash (or a count that differs) every point id is
+        listed and compared."""
+        root, shard = self._root, self._res.shard
+        had = (root / ACK_FILE).exists()
+        if not had and meta.get("acknowledged"):
+            raise DamagedStoreError(
+                f"{root} is damaged: {root / ACK_FILE} is missing, so which facts the store acknowledged is "
+                f"unknown; nothing was changed. {_repair_hint(root)}",
+                path=root,
+            )
+        ack = Acknowledged(root, durable=self._sync_writes)
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ConfigurationError(f"{meta_path} is unreadable ({exc}); this is not a usable EdgeStore") from exc
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            found = meta.get("format") if isinstance(meta, dict) else None
-            raise ConfigurationError(f"{meta_path}: unknown store format {found!r} (this pgr reads {FORMAT!r})")
+            if not had:  # written before pgr kept this record: what the engine holds now is the record
+                ack.replace_all(_engine_rows(self._edge, shard))
+                _write_meta(root, {**meta, "acknowledged": True})
+            elif ack.get_state("clean") != "1" or _engine_count(self._edge, shard) != ack.count():
+                report = _compare(self._edge, shard, ack)
+                if report["lost"]:
+                    raise _damaged(root, report)
+                ack.add(report["unrecorded"])  # a writer died between the engine's log and this record
+            ack.set_state("clean", "0")
+        except BaseException:
+            ack.close()
+            raise
+        self._res.ack = ack
+
+    def _read_meta(self, meta_path: Path) -> dict[str, Any]:
+        meta = _load_meta(meta_path)
         name, dim = meta.get("embedder"), meta.get("dim")
         if name != self.embedder.name or dim != self.embedder.dim:
             raise ConfigurationError(
@@ -354,48 +394,6 @@ class EdgeStore(AddsOneFact, Store):
                 f"({self.embedder.dim} dimensions); open it with the embedder that wrote it"
             )
         return meta
-
-    def _write_meta(self, meta: Mapping[str, Any]) -> None:
-        """Write ``meta.json`` atomically (a temporary file, fsync, rename, fsync of the directory)."""
-        final = self._root / META_FILE
-        tmp = final.with_name(final.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(meta, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-        try:
-            fd = os.open(self._root, os.O_RDONLY)
-        except OSError:  # pragma: no cover - platforms that cannot open a directory
-            return
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def _config(self, hybrid: bool) -> Any:
-        edge = self._edge
-        return edge.EdgeConfig(
-            vectors={DENSE: edge.EdgeVectorParams(size=int(self.embedder.dim), distance=edge.Distance.Cosine)},
-            sparse_vectors={SPARSE: edge.EdgeSparseVectorParams(modifier=edge.Modifier.Idf)} if hybrid else None,
-            # per-tenant graphs only (m=0, payload_m): every search is filtered by an owner field;
-            # a tenant under full_scan_threshold KB of vectors is scanned exactly
-            hnsw_config=edge.HnswIndexConfig(m=0, ef_construct=100, full_scan_threshold=10_000, payload_m=16),
-            wal_enabled=True,
-        )
-
-    def _index_operations(self) -> list[Any]:
-        edge = self._edge
-        op, keyword = edge.UpdateOperation.create_field_index, edge.KeywordIndexParams
-        return [
-            op("user_id", keyword(is_tenant=True)),
-            op("agent_id", keyword()),
-            op("run_id", keyword()),
-            # lookups only: no per-value HNSW graphs for these
-            op("session_id", keyword(enable_hnsw=False)),
-            op("fact_id", keyword(enable_hnsw=False)),
-            op("position", edge.IntegerIndexParams(lookup=True, range=True, enable_hnsw=False)),
-        ]
 
     def close(self) -> None:
         """Wait for calls in flight, flush, close the shard and release the lock (idempotent)."""
@@ -460,6 +458,9 @@ class EdgeStore(AddsOneFact, Store):
                 for start in range(0, len(points), _UPSERT_CHUNK):
                     shard.update(self._edge.UpdateOperation.upsert_points(points[start : start + _UPSERT_CHUNK]))
                 self._maybe_flush(shard)
+            # after the engine's log: a crash in between leaves an unrecorded point, adopted on open
+            rows = {point_id(f.scope, f.id): f for f in batch}
+            self._acknowledge(lambda ack: ack.add(_fact_row(pid, f) for pid, f in rows.items()))
         self._notify({f.scope for f in batch})
         if len(batch) >= self.auto_optimize_at:
             self.optimize()
@@ -508,11 +509,22 @@ class EdgeStore(AddsOneFact, Store):
             found = self._scroll(shard, self._ids_filter(wanted, scope), _OWNER_FIELDS, what="finding facts to delete")
             if not found:
                 return 0
+            # before the engine: a crash in between leaves a point the next open adopts, never a lost one
+            self._acknowledge(lambda ack: ack.remove(str(r.id) for r in found))
             with _backend(f"deleting {len(found)} point(s)"):
                 shard.update(edge.UpdateOperation.delete_points([r.id for r in found]))
                 self._maybe_flush(shard)
         self._notify({_owner(r.payload or {}) for r in found})
         return len(found)
+
+    def _acknowledge(self, change: Any) -> None:
+        ack = self._res.ack
+        if ack is None:  # pragma: no cover - an open store always has its record
+            raise StoreError(f"EdgeStore: {self._root} has no record of acknowledged facts open")
+        try:
+            change(ack)
+        except sqlite3.Error as exc:
+            raise StoreError(f"EdgeStore: recording acknowledged facts in {ack.path} failed: {exc}") from exc
 
     def _maybe_flush(self, shard: Any) -> None:
         """Flush the segments when ``sync_writes`` is on or ``flush_every_s`` has passed (under the write lock)."""
@@ -779,6 +791,109 @@ class EdgeStore(AddsOneFact, Store):
                 turns.setdefault((fact.scope, fact.session_id, fact.position), fact)
         return turns
 
+    # ------------------------------------------------------------------ damage
+
+    @classmethod
+    def check(cls, path: str | os.PathLike[str], *, lock_timeout_s: float | None = 30.0) -> dict[str, Any]:
+        """Compare the store's engine files with the facts it acknowledged, changing nothing.
+
+        Returns ``{"path", "ok", "acknowledged", "held", "lost": [(user_id, agent_id, run_id, fact_id)],
+        "unrecorded", "error"}``; ``error`` is the engine's own when it cannot load the shard. Takes the
+        store's lock, so the store must not be open elsewhere.
+        """
+        root = Path(path).expanduser()
+        with _offline(root, lock_timeout_s) as meta:
+            edge, out = _engine(), {"path": str(root), "error": None, "unrecorded": 0}
+            ack = Acknowledged(root) if (root / ACK_FILE).exists() else None
+            try:
+                try:
+                    shard = edge.EdgeShard.load(str(root / SHARD_DIR))
+                except Exception as exc:
+                    rows, out["error"] = [], f"the engine cannot load the shard: {type(exc).__name__}: {exc}"
+                else:
+                    try:
+                        rows = _engine_rows(edge, shard)
+                    finally:
+                        shard.close()
+                if ack is None:
+                    out.update(acknowledged=None, held=len(rows), lost=[])
+                    if meta.get("acknowledged"):
+                        out["error"] = f"{root / ACK_FILE} is missing"
+                else:
+                    report = _compare(edge, None, ack, rows)
+                    out.update(report, unrecorded=len(report["unrecorded"]))
+                    out["lost"] = [(r[1], r[2], r[3], r[4]) for r in report["lost"]]
+            finally:
+                if ack is not None:
+                    ack.close()
+        out["ok"] = not out["lost"] and out["error"] is None
+        return out
+
+    @classmethod
+    def repair(cls, path: str | os.PathLike[str], *, lock_timeout_s: float | None = 30.0) -> dict[str, Any]:
+        """Rebuild a damaged store from every point its engine files still hold; returns what it kept
+        and lost.
+
+        The points are read from the shard as it is (or, when the engine cannot load it, from its
+        flushed segments without the write-ahead log), with their vectors and payloads as stored, and
+        written to a new shard that takes the old one's place; the old one is kept beside it as
+        ``shard.damaged-<time>`` for inspection (delete it when satisfied). The facts that were
+        acknowledged but are in neither are the ``lost`` ones, also written to ``repair-<time>.json``
+        in the store directory. A store that is whole is left as it is (``repaired: False``).
+        """
+        root = Path(path).expanduser()
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        with _offline(root, lock_timeout_s) as meta:
+            edge, shard_dir = _engine(), root / SHARD_DIR
+            points, source = _salvage(edge, shard_dir)
+            rows = [_row(r.payload or {}, r.id) for r in points]
+            ack = Acknowledged(root) if (root / ACK_FILE).exists() else None
+            if ack is None:
+                ack = Acknowledged(root)
+                ack.replace_all(rows)
+                unknown = True
+            else:
+                unknown = False
+            try:
+                report = _compare(edge, None, ack, rows)
+                out: dict[str, Any] = {
+                    "path": str(root),
+                    "kept": len(rows),
+                    "lost": [(r[1], r[2], r[3], r[4]) for r in report["lost"]],
+                    "lost_unknown": unknown,  # the record itself was gone: what was lost cannot be said
+                    "read_from": source,
+                    "repaired": False,
+                    "damaged_copy": None,
+                    "report": None,
+                }
+                if not report["lost"] and source == "shard" and not unknown:
+                    ack.add(report["unrecorded"])
+                    return out
+                fresh = root / f"shard.repairing-{stamp}"
+                shutil.rmtree(fresh, ignore_errors=True)
+                with _backend("writing the repaired shard"):
+                    shard = _create_shard(edge, fresh, int(meta["dim"]), bool(meta.get("hybrid")))
+                    try:
+                        for start in range(0, len(points), _UPSERT_CHUNK):
+                            part = points[start : start + _UPSERT_CHUNK]
+                            batch = [edge.Point(r.id, r.vector, r.payload or {}) for r in part]
+                            shard.update(edge.UpdateOperation.upsert_points(batch))
+                        shard.flush()
+                    finally:
+                        shard.close()
+                damaged = root / f"shard.damaged-{stamp}"
+                os.replace(shard_dir, damaged)
+                os.replace(fresh, shard_dir)
+                _fsync_dir(root)
+                ack.replace_all(rows)
+                ack.set_state("clean", "1")
+                _write_meta(root, {**meta, "acknowledged": True})
+                out.update(repaired=True, damaged_copy=str(damaged), report=str(root / f"repair-{stamp}.json"))
+                Path(out["report"]).write_text(json.dumps(out, indent=1), encoding="utf-8")
+                return out
+            finally:
+                ack.close()
+
     # ------------------------------------------------------------------ import
 
     def add_from(self, source: Any) -> int:
@@ -821,6 +936,192 @@ class EdgeStore(AddsOneFact, Store):
         return store
 
 
+# ---------------------------------------------------------------------- files
+
+
+def _load_meta(meta_path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(f"{meta_path} is unreadable ({exc}); this is not a usable EdgeStore") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise ConfigurationError(f"{meta_path}: unknown store format {found!r} (this pgr reads {FORMAT!r})")
+    return meta
+
+
+def _fsync_dir(root: Path) -> None:
+    try:
+        fd = os.open(root, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms that cannot open a directory
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_meta(root: Path, meta: Mapping[str, Any]) -> None:
+    """Write ``meta.json`` atomically (a temporary file, fsync, rename, fsync of the directory)."""
+    final = root / META_FILE
+    tmp = final.with_name(final.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(meta, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(root)
+
+
+def _create_shard(edge: Any, where: Path, dim: int, hybrid: bool) -> Any:
+    """A new, empty shard with pgr's vectors and payload indexes, flushed."""
+    config = edge.EdgeConfig(
+        vectors={DENSE: edge.EdgeVectorParams(size=dim, distance=edge.Distance.Cosine)},
+        sparse_vectors={SPARSE: edge.EdgeSparseVectorParams(modifier=edge.Modifier.Idf)} if hybrid else None,
+        # per-tenant graphs only (m=0, payload_m): every search is filtered by an owner field;
+        # a tenant under full_scan_threshold KB of vectors is scanned exactly
+        hnsw_config=edge.HnswIndexConfig(m=0, ef_construct=100, full_scan_threshold=10_000, payload_m=16),
+        wal_enabled=True,
+    )
+    shard = edge.EdgeShard.create(str(where), config)
+    op, keyword = edge.UpdateOperation.create_field_index, edge.KeywordIndexParams
+    for index in (
+        op("user_id", keyword(is_tenant=True)),
+        op("agent_id", keyword()),
+        op("run_id", keyword()),
+        # lookups only: no per-value HNSW graphs for these
+        op("session_id", keyword(enable_hnsw=False)),
+        op("fact_id", keyword(enable_hnsw=False)),
+        op("position", edge.IntegerIndexParams(lookup=True, range=True, enable_hnsw=False)),
+    ):
+        shard.update(index)
+    shard.flush()
+    return shard
+
+
+# ---------------------------------------------------------------------- acknowledged facts
+
+
+@contextmanager
+def _offline(root: Path, lock_timeout_s: float | None) -> Iterator[dict[str, Any]]:
+    """The store's meta, with its lock held and no EdgeStore of this process open on it."""
+    if not (root / META_FILE).exists():
+        raise ConfigurationError(f"no EdgeStore at {root} (no {META_FILE})")
+    meta = _load_meta(root / META_FILE)
+    key = str(root.resolve())
+    with _OPEN_LOCK:
+        if key in _OPEN_DIRS:
+            raise ConfigurationError(f"the EdgeStore at {root} is open in this process; close() it first")
+        _OPEN_DIRS.add(key)
+    try:
+        lock = StoreLock(root, timeout_s=lock_timeout_s, what="EdgeStore").acquire()
+        try:
+            yield meta
+        finally:
+            lock.release()
+    finally:
+        with _OPEN_LOCK:
+            _OPEN_DIRS.discard(key)
+
+
+def _salvage(edge: Any, shard_dir: Path) -> tuple[list[Any], str]:
+    """Every point (payload and vectors) the shard still holds, and where they were read from: the
+    shard as it is, or, when the engine cannot load it, a copy of its segments without the log."""
+    try:
+        shard = edge.EdgeShard.load(str(shard_dir))
+    except Exception as exc:
+        logger.warning("the engine cannot load %s (%s); reading its segments without the log", shard_dir, exc)
+    else:
+        try:
+            return list(_engine_points(edge, shard, payload=True, vectors=True)), "shard"
+        finally:
+            shard.close()
+    copy = shard_dir.with_name(shard_dir.name + ".segments-only")
+    shutil.rmtree(copy, ignore_errors=True)
+    try:
+        shutil.copytree(shard_dir, copy, ignore=lambda d, names: ["wal"] if Path(d) == shard_dir else [])
+        (copy / "wal").mkdir()
+        try:
+            shard = edge.EdgeShard.load(str(copy))
+        except Exception as exc:
+            logger.warning("the engine cannot load the segments of %s either (%s): nothing to keep", shard_dir, exc)
+            return [], "nothing"
+        try:
+            return list(_engine_points(edge, shard, payload=True, vectors=True)), "segments"
+        finally:
+            shard.close()
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def _repair_hint(root: Path) -> str:
+    return (
+        f"`pgr store repair {root}` (EdgeStore.repair) keeps every intact fact and lists the lost ones; "
+        f"`pgr store check {root}` only reports"
+    )
+
+
+def _row(payload: Mapping[str, Any], pid: object) -> Row:
+    get = payload.get
+    return (str(pid), get("user_id"), get("agent_id"), get("run_id"), str(get("fact_id")))
+
+
+def _engine_count(edge: Any, shard: Any) -> int:
+    with _backend("count"):
+        return int(shard.count(edge.CountRequest(exact=True)))
+
+
+def _engine_points(edge: Any, shard: Any, *, payload: Any, vectors: bool) -> Iterator[Any]:
+    """Every point of the shard, page by page (owner fields and fact id, or all of it)."""
+    selector = payload if isinstance(payload, bool) else edge.PayloadSelector.Include(list(payload))
+    offset = None
+    while True:
+        with _backend("listing every point"):
+            records, offset = shard.scroll(
+                edge.ScrollRequest(offset=offset, limit=_SCROLL_PAGE, with_payload=selector, with_vector=vectors)
+            )
+        yield from records
+        if offset is None or not records:
+            return
+
+
+def _engine_rows(edge: Any, shard: Any) -> list[Row]:
+    fields = (*_OWNER_FIELDS, "fact_id")
+    return [_row(r.payload or {}, r.id) for r in _engine_points(edge, shard, payload=fields, vectors=False)]
+
+
+def _compare(edge: Any, shard: Any, ack: Acknowledged, held: list[Row] | None = None) -> dict[str, Any]:
+    """What the shard holds against what was acknowledged: counts, the lost rows, the unrecorded rows."""
+    rows = _engine_rows(edge, shard) if held is None else held
+    ids, acked = {r[0] for r in rows}, ack.ids()
+    return {
+        "acknowledged": len(acked),
+        "held": len(ids),
+        "lost": ack.rows(acked - ids),
+        "unrecorded": [r for r in rows if r[0] not in acked],
+    }
+
+
+def _named(rows: Sequence[Row], limit: int = 3) -> str:
+    def one(row: Row) -> str:
+        owner = ", ".join(f"{k}={v!r}" for k, v in zip(_OWNER_FIELDS, row[1:4], strict=True) if v is not None)
+        return f"{row[4]!r} ({owner})"
+
+    shown = "; ".join(one(r) for r in rows[:limit])
+    return shown + (f"; and {len(rows) - limit} more" if len(rows) > limit else "")
+
+
+def _damaged(root: Path, report: Mapping[str, Any]) -> DamagedStoreError:
+    lost: list[Row] = report["lost"]
+    return DamagedStoreError(
+        f"{root} is damaged: its engine files hold {report['held']} facts, but {len(lost)} of the "
+        f"{report['acknowledged']} it acknowledged are gone (such as {_named(lost)}); nothing was changed. "
+        f"{_repair_hint(root)}",
+        path=root,
+        missing=[(r[1], r[2], r[3], r[4]) for r in lost],
+    )
+
+
 # ---------------------------------------------------------------------- payloads
 
 
@@ -861,6 +1162,10 @@ def _payload(fact: Fact, seq: int) -> dict[str, Any]:
         "metadata": dict(fact.metadata),
         "seq": seq,
     }
+
+
+def _fact_row(pid: str, fact: Fact) -> Row:
+    return (pid, fact.scope.user_id, fact.scope.agent_id, fact.scope.run_id, fact.id)
 
 
 def _owner(payload: Mapping[str, Any]) -> Scope:

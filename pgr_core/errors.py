@@ -5,8 +5,9 @@
     │   │                      unparseable or naive/aware-mixed dates (also a ValueError)
     │   └── ScopeError         no scope, or a scope with none of user_id / agent_id / run_id
     ├── ConfigurationError     set-up that cannot work: no LLM where one is required, a missing extra,
-    │                          an unknown plugin, a store file written by another embedder, a store
-    │                          that cannot filter by scope (``Capabilities.scoped=False``)
+    │   │                      an unknown plugin, a store file written by another embedder, a store
+    │   │                      that cannot filter by scope (``Capabilities.scoped=False``)
+    │   └── DamagedStoreError  a store's files lost facts it had acknowledged; ``pgr store repair``
     ├── StoreError             a store backend failed, or broke its contract (a partial batch, a hit
     │                          list longer than K, a fact outside the caller's scope); the backend's
     │                          exception, if any, is ``__cause__``
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigurationError",
+    "DamagedStoreError",
     "InvalidArgumentError",
     "LLMConnectionError",
     "LLMError",
@@ -54,6 +56,17 @@ class ScopeError(InvalidArgumentError):
 
 class ConfigurationError(PGRError):
     """The set-up cannot work as given (missing LLM, missing extra, unknown plugin...)."""
+
+
+class DamagedStoreError(ConfigurationError):
+    """A store on disk holds fewer facts than it acknowledged (damaged files); it is not opened, and
+    nothing in it is changed. ``missing`` lists the lost facts it can name, as (owner fields, fact id)
+    tuples; :meth:`pgr_core.edge.EdgeStore.repair` (``pgr store repair``) keeps every intact one."""
+
+    def __init__(self, message: str, *, path: object = None, missing: list[tuple[object, ...]] | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.missing = list(missing or [])
 
 
 class StoreError(PGRError):
