@@ -119,7 +119,7 @@ class Drivers:
     def _typicality(self, effect: Typicality) -> dict[str, float]:
         if self.centre is None:
             raise ConfigurationError("centring is off (centring=None)")
-        return self.centre.typicality(effect.scope, effect.fact_ids, effect.texts)
+        return self.centre.typicality(effect.scope, effect.facts)
 
     def _ask(self, effect: Ask, time_left: float | None) -> Completion:
         """One blocking LLM call, bounded by the time the deadline leaves (None: unbounded)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .trace import Round, Trace
-from .types import Scope, SearchParams
+from .types import Fact, Scope, SearchParams
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,7 @@ class Ask:
 class Typicality:
     """Each fact's mean cosine to the facts of ``scope`` (:meth:`pgr_core.centring.MemoryCentre.typicality`)."""
 
-    fact_ids: Sequence[str]
-    texts: Sequence[str]
+    facts: Sequence[Fact]  # a round's distinct direct hits
     scope: Scope  # the memory a fact is compared with is the caller's own
 
 

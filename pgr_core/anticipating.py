@@ -30,7 +30,7 @@ from .cue_trust import Alignment, CueTrust, session_of
 from .cues import MAX_CUES, CueBatch, CueWriter, text_key
 from .errors import ConfigurationError, InvalidArgumentError
 from .store import AddsOneFact, Store
-from .types import Fact, Hit, Scope, SearchParams
+from .types import Fact, Hit, Scope, SearchParams, fact_key
 
 __all__ = [
     "AUTO",
@@ -61,8 +61,28 @@ _SEP = "~cue"
 
 
 def _cue_owner(cue: Fact) -> str:
-    """The fact a cue record was written for (its ``fact_id``): a cue's typicality leaves its siblings out."""
-    return str(cue.metadata.get("fact_id") or cue.id)
+    """The key of the fact a cue record was written for (its ``fact_id``, its owner): a cue's typicality
+    leaves its siblings out."""
+    return fact_key(str(cue.metadata.get("fact_id") or cue.id), cue.scope)
+
+
+def _cue_fact(cue: Fact) -> str | None:
+    """The key of the fact a cue record (a hit's fact) speaks for; None for a record that names none."""
+    fid = str(cue.metadata.get("fact_id") or "")
+    return fact_key(fid, cue.scope) if fid else None
+
+
+def _owned(cue: Fact) -> tuple[str, Scope]:
+    """(id, owner) of the fact a cue record speaks for."""
+    return str(cue.metadata.get("fact_id") or ""), cue.scope
+
+
+def _grouped(facts: Iterable[tuple[str, Scope]]) -> dict[Scope, list[str]]:
+    """Fact ids by owner (each owner is asked on its own: two agents of one user may hold the same id)."""
+    out: dict[Scope, list[str]] = {}
+    for fid, owner in facts:
+        out.setdefault(owner, []).append(fid)
+    return out
 
 
 def _text_key(text: str) -> str:
@@ -319,33 +339,33 @@ class Anticipating(AddsOneFact, Store):
         wide = SearchParams(top_k=params.top_k * self.cue_depth, min_score=floor, window=0)
         by_cue = self.cues._checked_search(probes, scope, wide)
         merged: list[list[tuple[float, Fact | str, str | None]]] = []
-        missing: dict[str, None] = {}
+        missing: dict[str, tuple[str, Scope]] = {}  # fact key -> (id, owner) of a fact reached by a cue only
         for hits, cue_hits in zip(base, by_cue, strict=True):
             best: dict[str, tuple[float, Fact | str, str | None]] = {}
             for hit in hits:
                 if hit.neighbour_of is None:
-                    best[hit.fact.id] = (hit.score, hit.fact, None)
+                    best[hit.key] = (hit.score, hit.fact, None)
             for hit in cue_hits:
-                fid = str(hit.fact.metadata.get("fact_id") or "")
+                key = _cue_fact(hit.fact)
                 score = self.cue_weight * hit.score
-                if not fid or score < params.min_score:
+                if key is None or score < params.min_score:
                     continue
-                held = best.get(fid)
+                held = best.get(key)
                 if held is None:
-                    best[fid] = (score, fid, hit.fact.text)
-                    missing[fid] = None
+                    best[key] = (score, key, hit.fact.text)
+                    missing[key] = _owned(hit.fact)
                 elif score > held[0]:
-                    best[fid] = (score, held[1], hit.fact.text)
+                    best[key] = (score, held[1], hit.fact.text)
             ranked = sorted(best.values(), key=lambda x: -x[0])
             # cue-only entries may turn out deleted; keep spares so top_k can still be filled
             merged.append(ranked[: params.top_k + len(missing)])
-        fetched = self._fetch(list(missing), scope) if missing else {}
+        fetched = self._fetch(missing) if missing else {}
         results: list[list[Hit]] = []
         for hits, entries in zip(base, merged, strict=True):
             windows: dict[str, list[Hit]] = {}
             for hit in hits:
-                if hit.neighbour_of is not None:
-                    windows.setdefault(hit.neighbour_of, []).append(hit)
+                if hit.anchor is not None:
+                    windows.setdefault(hit.anchor, []).append(hit)
             results.append(self._windowed(self._direct(entries, fetched, scope, params.top_k), windows, scope, params))
         return results
 
@@ -353,7 +373,7 @@ class Anticipating(AddsOneFact, Store):
     def _direct(
         entries: Sequence[tuple[float, Fact | str, str | None]], fetched: Mapping[str, Fact], scope: Scope, top_k: int
     ) -> list[Hit]:
-        """A probe's ranked (score, fact or id of a fact found through a cue, cue) entries as hits: a
+        """A probe's ranked (score, fact or key of a fact found through a cue, cue) entries as hits: a
         cue-only fact as the store gave it (gone or not the caller's: skipped), cut to ``top_k``."""
         direct: list[Hit] = []
         for score, fact, cue in entries:
@@ -380,30 +400,35 @@ class Anticipating(AddsOneFact, Store):
             by_cue = [[] for _ in probes]
         facts_typical = facts_centre.typicality_of_hits(scope, base)
         cues_typical = cues_centre.typicality_of_hits(scope, by_cue)  # a cue's siblings left out (_cue_owner)
-        # per probe: fact id -> (centred own term, fact, cosine); fact id -> (best centred cue term, that
+        # per probe: fact key -> (centred own term, fact, cosine); fact key -> (best centred cue term, that
         # cue, its cosine); the facts τ keeps (it reads a cosine: the fact's own, or cue_weight x a cue's)
         read: list[tuple[dict[str, tuple[float, Fact, float]], dict[str, tuple[float, str, float]], list[str]]] = []
+        owners: dict[str, tuple[str, Scope]] = {}  # fact key -> (id, owner), for the facts cues reached
         for hits, cue_hits in zip(base, by_cue, strict=True):
-            own = {h.fact.id: (h.score - facts_typical.get(h.fact.id, 0.0), h.fact, h.score) for h in hits}
-            keep = {h.fact.id: None for h in hits if h.score >= params.min_score}
+            own = {h.key: (h.score - facts_typical.get(h.key, 0.0), h.fact, h.score) for h in hits}
+            keep = {h.key: None for h in hits if h.score >= params.min_score}
             cue: dict[str, tuple[float, str, float]] = {}
             for hit in cue_hits:
-                fid = str(hit.fact.metadata.get("fact_id") or "")
-                if not fid:
+                key = _cue_fact(hit.fact)
+                if key is None:
                     continue
-                term = hit.score - cues_typical.get(hit.fact.id, 0.0)
-                if fid not in cue or term > cue[fid][0]:
-                    cue[fid] = (term, hit.fact.text, hit.score)
+                owners.setdefault(key, _owned(hit.fact))
+                term = hit.score - cues_typical.get(hit.key, 0.0)
+                if key not in cue or term > cue[key][0]:
+                    cue[key] = (term, hit.fact.text, hit.score)
                 if self.cue_weight * hit.score >= params.min_score:
-                    keep[fid] = None
+                    keep[key] = None
             read.append((own, cue, list(keep)))
         # a fact with no cues at all (not written yet, or failed) is not marked down for it: its own term
         # stands for its cue term too, as if its text were its one cue (one lookup for the whole call)
+        for own, _, _ in read:
+            owners.update((key, (fact.id, fact.scope)) for key, (_, fact, _) in own.items())
         uncued = list(dict.fromkeys(f for _, cue, eligible in read for f in eligible if f not in cue))
-        cued = self._cued(uncued, scope) if read_cues else set()  # at cue weight 0 the cue index is not read
+        # at cue weight 0 the cue index is not read
+        cued = self._cued([owners[k] for k in uncued], scope) if read_cues else set()
         merged: list[list[tuple[float, Fact | str, str | None]]] = []
-        raws: list[dict[str, float]] = []  # per probe: fact id -> the cosines behind its centred sum
-        missing: dict[str, None] = {}
+        raws: list[dict[str, float]] = []  # per probe: fact key -> the cosines behind its centred sum
+        missing: dict[str, tuple[str, Scope]] = {}
         for own, cue, eligible in read:
             # what the store did not read counts the lowest it read: term and cosine alike
             own_floor, own_low = _lowest(own.values())
@@ -425,22 +450,26 @@ class Anticipating(AddsOneFact, Store):
                 # the hit names its cue where the cue counted for more than the fact's own text
                 scored.append((scale * (own_term + w * cue_term), fact, text if w * cue_term > own_term else None))
                 if fid not in own:
-                    missing[fid] = None
+                    missing[fid] = owners[fid]
             ranked = sorted(scored, key=lambda x: -x[0])  # stable: ties keep the store's order
             merged.append(ranked[: params.top_k + len(missing)])
             raws.append(raw)
-        fetched = self._fetch(list(missing), scope) if missing else {}
+        fetched = self._fetch(missing) if missing else {}
         out: list[list[Hit]] = []
         for entries, raw in zip(merged, raws, strict=True):
             direct = self._direct(entries, fetched, scope, params.top_k)
             # the cosines behind each centred sum: window neighbours step down from them (ranking.earned_order)
-            direct = [replace(h, raw=raw[h.fact.id]) for h in direct]
+            direct = [replace(h, raw=raw[h.key]) for h in direct]
             out.append(self._windowed(direct, {}, scope, params))
         return out
 
-    def _cued(self, fact_ids: Sequence[str], scope: Scope) -> set[str]:
-        """Those of ``fact_ids`` that hold cues (a lookup of each fact's first cue record only)."""
-        return {str(r.metadata.get("fact_id")) for r in self._cue_records(fact_ids, scope, per_fact=1)}
+    def _cued(self, facts: Sequence[tuple[str, Scope]], scope: Scope) -> set[str]:
+        """The keys of those of ``facts`` ((id, owner) pairs) that hold cues (a lookup of each fact's first
+        cue record only)."""
+        found = set()
+        for owner, ids in _grouped(facts).items():
+            found.update(_cue_owner(r) for r in self._cue_records(ids, owner, per_fact=1))
+        return found
 
     def _cue_records(self, fact_ids: Iterable[str], scope: Scope, *, per_fact: int = MAX_CUES * 3) -> list[Fact]:
         """The cue records of ``fact_ids`` within ``scope``: the first ``per_fact`` cue ids of each, by id
@@ -454,32 +483,40 @@ class Anticipating(AddsOneFact, Store):
         listed = self.cues.facts_for(scope)  # type: ignore[attr-defined]
         return [r for r in listed if str(r.metadata.get("fact_id") or "") in wanted]
 
-    def _fetch(self, ids: list[str], scope: Scope) -> dict[str, Fact]:
+    def _fetch(self, facts: Mapping[str, tuple[str, Scope]]) -> dict[str, Fact]:
+        """fact key -> the fact, for facts named by (id, owner): fetched owner by owner (two agents of one
+        user may hold the same id)."""
         get_many = getattr(self.store, "get_many", None)
-        if callable(get_many):
-            return dict(get_many(ids, scope=scope))
         get = getattr(self.store, "get", None)
-        if callable(get):
-            return {i: f for i in ids if (f := get(i, scope=scope)) is not None}
-        raise ConfigurationError(
-            f"{type(self.store).__name__} cannot fetch facts by id (get_many or get), so facts found "
-            "through their cues cannot be returned; Anticipating needs one of them"
-        )
+        if not callable(get_many) and not callable(get):
+            raise ConfigurationError(
+                f"{type(self.store).__name__} cannot fetch facts by id (get_many or get), so facts found "
+                "through their cues cannot be returned; Anticipating needs one of them"
+            )
+        out: dict[str, Fact] = {}
+        for owner, ids in _grouped(facts.values()).items():
+            if callable(get_many):
+                got = dict(get_many(ids, scope=owner))
+            else:
+                got = {i: f for i in ids if (f := get(i, scope=owner)) is not None}  # type: ignore[misc]
+            out.update((f.key, f) for f in got.values())
+        return out
 
     def _windowed(
         self, direct: list[Hit], windows: dict[str, list[Hit]], scope: Scope, params: SearchParams
     ) -> list[Hit]:
         if not params.window:
             return direct
-        need = [h for h in direct if h.fact.id not in windows]
+        need = [h for h in direct if h.key not in windows]
         with_window = getattr(self.store, "with_window", None)
         if need and callable(with_window) and self.capabilities.window:
-            for anchor, neighbours in with_window(need, scope=scope, window=params.window).items():
-                windows[anchor] = [replace(n, rank=0) for n in neighbours]
+            for neighbours in with_window(need, scope=scope, window=params.window).values():
+                for n in neighbours:
+                    windows.setdefault(n.anchor or "", []).append(replace(n, rank=0))
         out: list[Hit] = []
         for hit in direct:
             out.append(hit)
-            out.extend(replace(n, rank=hit.rank) for n in windows.get(hit.fact.id, []))
+            out.extend(replace(n, rank=hit.rank) for n in windows.get(hit.key, []))
         return out
 
     # ------------------------------------------------------------------ writing

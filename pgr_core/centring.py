@@ -134,7 +134,7 @@ class MemoryCentre:
     (``m`` of them; at most an even sample of 2,000), leaving out every fact of the same ``owner``
     (itself; for a cue index, the other cues of the same fact). A cue that reads like many of the
     user's other cues ("should I try a new diet?") is then typical although the user's cues, taken
-    together, point elsewhere. ``owner`` maps a fact to its owner (default: its id).
+    together, point elsewhere. ``owner`` maps a fact to its owner (default: its :attr:`Fact.key`).
     """
 
     def __init__(
@@ -150,7 +150,7 @@ class MemoryCentre:
         self.embedder = embedder
         self.max_scopes = max_scopes
         self.nearest = None if nearest is None else check_share(nearest)
-        self.owner: Callable[[Fact], str] = owner or (lambda f: f.id)
+        self.owner: Callable[[Fact], str] = owner or (lambda f: f.key)
         self._centres: PerScope[_Centre] = PerScope(max_scopes)
         store.add_listener(self.invalidate)  # held weakly: dropping the PGR drops this
 
@@ -159,25 +159,25 @@ class MemoryCentre:
         them when None, or when an owner cannot be matched). Never raises."""
         self._centres.invalidate(scopes)
 
-    def typicality(
-        self, scope: Scope, fact_ids: Sequence[str], texts: Sequence[str], owners: Sequence[str] | None = None
-    ) -> dict[str, float]:
-        """fact id -> its mean cosine to ``scope``'s facts (under ``nearest``, to the nearest of them not
-        of its owner; ``owners``: each fact's, default its id). Raises :class:`CentringUnavailable`."""
-        if not fact_ids:
+    def typicality(self, scope: Scope, facts: Sequence[Fact], owners: Sequence[str] | None = None) -> dict[str, float]:
+        """fact key (:attr:`Fact.key`) -> its mean cosine to ``scope``'s facts (under ``nearest``, to the
+        nearest of them not of its owner; ``owners``: each fact's, default :attr:`owner`'s). Raises
+        :class:`CentringUnavailable`."""
+        if not facts:
             return {}
+        keys = [f.key for f in facts]
         centre = self._centre(scope)
         if centre.mean is None:  # the store lists no fact for the scope: nothing is typical of it
-            return dict.fromkeys(fact_ids, 0.0)
-        out = {fid: centre.typical[fid] for fid in fact_ids if fid in centre.typical}
-        unseen = [at for at, fid in enumerate(fact_ids) if fid not in out]
+            return dict.fromkeys(keys, 0.0)
+        out = {key: centre.typical[key] for key in keys if key in centre.typical}
+        unseen = [at for at, key in enumerate(keys) if key not in out]
         if unseen:
-            ids = [fact_ids[at] for at in unseen]
-            vectors = self._vectors(scope, ids, [texts[at] for at in unseen])
+            ids = [keys[at] for at in unseen]
+            vectors = self._vectors(scope, [facts[at] for at in unseen])
             if centre.sample is None:
                 found = [float(v) for v in vectors @ centre.mean]
             else:
-                owned = owners if owners is not None else fact_ids
+                owned = owners if owners is not None else [self.owner(f) for f in facts]
                 whose = np.asarray([owned[at] for at in unseen], dtype=object)
                 found = [float(v) for v in self._nearest(vectors, whose, centre)]
                 # kept with the centre (dropped with it at the next write in the scope): a fact beyond the
@@ -188,8 +188,7 @@ class MemoryCentre:
 
     def typicality_of_hits(self, scope: Scope, hit_lists: Sequence[Sequence[Hit]]) -> dict[str, float]:
         """:meth:`typicality` of a round's distinct direct hits, each owned as ``owner`` says."""
-        facts = _distinct_hits(hit_lists)
-        return self.typicality(scope, [f.id for f in facts], [f.text for f in facts], [self.owner(f) for f in facts])
+        return self.typicality(scope, distinct_hits(hit_lists))
 
     def _nearest(self, vectors: np.ndarray, owners: np.ndarray, centre: _Centre) -> np.ndarray:
         """Each row's mean cosine to its ``round(nearest x m)`` nearest sample rows of another owner."""
@@ -216,10 +215,10 @@ class MemoryCentre:
             if getattr(self.store, "vectors_for", None) is None and len(facts) > _MAX_EMBEDDED:
                 step = len(facts) / _MAX_EMBEDDED
                 facts = [facts[int(i * step)] for i in range(_MAX_EMBEDDED)]
-            vectors = self._vectors(scope, [f.id for f in facts], [f.text for f in facts])
+            vectors = self._vectors(scope, facts)
             mean = vectors.mean(axis=0)
             if self.nearest is None:
-                centre = _Centre(mean, {f.id: float(v) for f, v in zip(facts, vectors @ mean, strict=True)})
+                centre = _Centre(mean, {f.key: float(v) for f, v in zip(facts, vectors @ mean, strict=True)})
             else:
                 # the neighbours are sought in an even sample; its own facts' typicality is read at once,
                 # any other fact's when a search first returns it
@@ -230,20 +229,29 @@ class MemoryCentre:
                 owners = np.asarray([self.owner(f) for f in facts], dtype=object)
                 centre = _Centre(mean, {}, vectors, owners)
                 found = self._nearest(vectors, owners, centre)
-                centre.typical.update((f.id, float(v)) for f, v in zip(facts, found, strict=True))
+                centre.typical.update((f.key, float(v)) for f, v in zip(facts, found, strict=True))
         return centre
 
-    def _vectors(self, scope: Scope, ids: list[str], texts: list[str]) -> np.ndarray:
-        return read_vectors(self.store, self.embedder, scope, ids, texts)
+    def _vectors(self, scope: Scope, facts: Sequence[Fact]) -> np.ndarray:
+        return read_vectors(self.store, self.embedder, scope, facts)
 
 
-def read_vectors(store: Any, embedder: Embedder | None, scope: Scope, ids: list[str], texts: list[str]) -> np.ndarray:
-    """Unit vectors of ``ids`` (their ``texts``) within ``scope``: the store's own (``vectors_for``) where
-    it gives them, else ``embedder``'s. Raises :class:`CentringUnavailable` when neither can."""
+def read_vectors(store: Any, embedder: Embedder | None, scope: Scope, facts: Sequence[Fact]) -> np.ndarray:
+    """Unit vectors of ``facts``, seen from ``scope``: the store's own (``vectors_for``, asked owner by
+    owner: two agents of one user may hold the same id) where it gives them, else ``embedder``'s over
+    their texts. Raises :class:`CentringUnavailable` when neither can."""
     own = getattr(store, "vectors_for", None)
-    if callable(own):
+    texts = [f.text for f in facts]
+    if callable(own) and facts:
+        rows: dict[Scope, list[int]] = {}
+        for at, fact in enumerate(facts):
+            rows.setdefault(fact.scope if scope.allows(fact.scope) else scope, []).append(at)
         try:
-            return unit_rows(own(ids, scope=scope))
+            parts = [(at, np.asarray(own([facts[i].id for i in at], scope=owner))) for owner, at in rows.items()]
+            out = np.zeros((len(facts), parts[0][1].shape[1]), dtype=np.float32)
+            for at, part in parts:
+                out[at] = part
+            return unit_rows(out)
         except KeyError:
             pass  # a fact written meanwhile, or one the store resolves differently: embed instead
     if embedder is None:
@@ -271,34 +279,28 @@ def centred(
     """
     direct = [h for h in hits if h.neighbour_of is None and h.score >= min_score]
     scored = sorted(
-        ((h.score - weight * typicality.get(h.fact.id, 0.0), at, h) for at, h in enumerate(direct)),
+        ((h.score - weight * typicality.get(h.key, 0.0), at, h) for at, h in enumerate(direct)),
         key=lambda entry: (-entry[0], entry[1]),
     )[:top_k]
     by_anchor: dict[str, list[Hit]] = {}
     for h in hits:
-        if h.neighbour_of is not None:
-            by_anchor.setdefault(h.neighbour_of, []).append(h)
+        if h.anchor is not None:
+            by_anchor.setdefault(h.anchor, []).append(h)
     out: list[Hit] = []
     for rank, (score, _, h) in enumerate(scored):
         out.append(replace(h, score=score, rank=rank))
-        out.extend(replace(n, rank=rank) for n in by_anchor.get(h.fact.id, ()))
+        out.extend(replace(n, rank=rank) for n in by_anchor.get(h.key, ()))
     return out
 
 
-def _distinct_hits(hit_lists: Sequence[Sequence[Hit]]) -> list[Fact]:
-    """The facts of a round's distinct direct hits, in first-seen order."""
+def distinct_hits(hit_lists: Sequence[Sequence[Hit]]) -> list[Fact]:
+    """The facts of a round's distinct direct hits (by :attr:`Fact.key`), in first-seen order."""
     seen: dict[str, Fact] = {}
     for hits in hit_lists:
         for h in hits:
-            if h.neighbour_of is None and h.fact.id not in seen:
-                seen[h.fact.id] = h.fact
+            if h.neighbour_of is None and h.key not in seen:
+                seen[h.key] = h.fact
     return list(seen.values())
-
-
-def hit_texts(hit_lists: Sequence[Sequence[Hit]]) -> tuple[list[str], list[str]]:
-    """The distinct direct hits of a round: (fact ids, texts), in first-seen order."""
-    facts = _distinct_hits(hit_lists)
-    return [f.id for f in facts], [f.text for f in facts]
 
 
 def check_share(value: object, what: str = "nearest") -> float:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .centring import CentringUnavailable, PerScope, read_vectors
-from .types import Fact, Scope
+from .types import Fact, Scope, fact_key
 
 if TYPE_CHECKING:
     from .embedders import Embedder
@@ -110,9 +110,10 @@ class Alignment:
         :data:`TRUST_FLOOR`."""
         return max(TRUST_FLOOR, self.trust)
 
-    def weight(self, fact_id: str) -> float:
-        """The weight of one fact's cue term: in full for a fact alone in its session, else :attr:`cue_weight`."""
-        return 1.0 if fact_id in self.lone else self.cue_weight
+    def weight(self, key: str) -> float:
+        """The weight of one fact's cue term (by :attr:`Fact.key`): in full for a fact alone in its
+        session, else :attr:`cue_weight`."""
+        return 1.0 if key in self.lone else self.cue_weight
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -202,30 +203,31 @@ class CueTrust:
         lister = getattr(self.store, "facts_for", None)
         if not callable(lister):
             raise CentringUnavailable(f"{type(self.store).__name__} cannot list a scope's facts (no facts_for)")
-        by_session: dict[str, list[Fact]] = {}
+        by_session: dict[tuple[Scope, str], list[Fact]] = {}
         for fact in lister(scope):
-            key = session_of(fact)
-            if key:  # a fact with no session has no neighbours to be told apart from
-                by_session.setdefault(key, []).append(fact)
+            session = session_of(fact)
+            if session:  # a fact with no session has no neighbours to be told apart from
+                by_session.setdefault((fact.scope, session), []).append(fact)
         groups = [g for g in by_session.values() if len(g) > 1]
-        lone = frozenset(g[0].id for g in by_session.values() if len(g) == 1)
+        lone = frozenset(g[0].key for g in by_session.values() if len(g) == 1)
         if len(groups) > MAX_SESSIONS:
             step = len(groups) / MAX_SESSIONS
             groups = [groups[int(i * step)] for i in range(MAX_SESSIONS)]
         facts = [f for g in groups for f in g]
         if not facts:
             return Alignment()
-        records = self.cue_records([f.id for f in facts], scope)
+        owned: dict[Scope, list[str]] = {}
+        for f in facts:
+            owned.setdefault(f.scope, []).append(f.id)
+        records = [r for owner, ids in owned.items() for r in self.cue_records(ids, owner)]
         if not records:
             return Alignment()
-        row_of = {f.id: i for i, f in enumerate(facts)}
-        fact_vectors = read_vectors(self.store, self.embedder, scope, [f.id for f in facts], [f.text for f in facts])
-        record_vectors = read_vectors(
-            self.cues, self.embedder, scope, [r.id for r in records], [r.text for r in records]
-        )
+        row_of = {f.key: i for i, f in enumerate(facts)}
+        fact_vectors = read_vectors(self.store, self.embedder, scope, facts)
+        record_vectors = read_vectors(self.cues, self.embedder, scope, records)
         cue_vectors: dict[int, list[np.ndarray]] = {}
         for record, vector in zip(records, record_vectors, strict=True):
-            row = row_of.get(str(record.metadata.get("fact_id") or ""))
+            row = row_of.get(fact_key(str(record.metadata.get("fact_id") or ""), record.scope))
             if row is not None:
                 cue_vectors.setdefault(row, []).append(vector)
         sessions, at = [], 0

@@ -36,7 +36,7 @@ from ._dates import DateLike, as_utc, check_same_kind, parse_date
 from ._drivers import Drivers
 from ._effects import Ask, Flow, Search, Typicality
 from .caches import CachedEmbedder, ProspectionCache, Reusable, current_count
-from .centring import MemoryCentre, centred, hit_texts
+from .centring import MemoryCentre, centred, distinct_hits
 from .config import PGRConfig
 from .embedders import Embedder
 from .errors import ConfigurationError, InvalidArgumentError, LLMError, StoreError
@@ -708,7 +708,7 @@ class PGR(Savings, Drivers):
                 hit_lists: list[list[Hit]] = yield Search([pr.text for pr in probes], params, p.scope, rnd)
                 if weight:
                     try:
-                        typical = yield Typicality(*hit_texts(hit_lists), p.scope)
+                        typical = yield Typicality(distinct_hits(hit_lists), p.scope)
                     except Exception as exc:  # the call goes on uncentred, and says why
                         p.trace.centring_off = f"{type(exc).__name__}: {exc}"
         finally:  # a failed call is billed too
@@ -720,7 +720,7 @@ class PGR(Savings, Drivers):
         raw: dict[str, float] | None = None  # the anchors' own cosines, when their scores are centred
         if typical is not None and weight and limits is not None:
             p.trace.centring = weight
-            raw = {h.fact.id: h.score for hits in hit_lists for h in hits if h.neighbour_of is None}
+            raw = {h.key: h.score for hits in hit_lists for h in hits if h.neighbour_of is None}
             hit_lists = [
                 centred(hits, typical, weight, k, tau) for hits, (k, tau) in zip(hit_lists, limits, strict=True)
             ]
@@ -732,15 +732,15 @@ class PGR(Savings, Drivers):
                 for hits, (k, tau) in zip(hit_lists, limits, strict=True)
             ]
         if raw is None and self.store_centres:  # the similarities the store's centred scores came from
-            raw = {h.fact.id: h.raw for hits in hit_lists for h in hits if h.raw is not None}
+            raw = {h.key: h.raw for hits in hit_lists for h in hits if h.raw is not None}
         decay = self.config.neighbour_decay
         if decay is not None:  # a window neighbour earns its place in the probe's list (ranking.earned_order)
             hit_lists = [earned_order(h, decay, raw) if any(x.neighbour_of for x in h) else h for h in hit_lists]
         for probe, hits in zip(probes, hit_lists, strict=True):
-            probe.hits = [(h.fact.id, round(h.score, 6)) for h in hits if h.neighbour_of is None]
-            probe.neighbours = [h.fact.id for h in hits if h.neighbour_of is not None]
+            probe.hits = [(h.key, round(h.score, 6)) for h in hits if h.neighbour_of is None]
+            probe.neighbours = [h.key for h in hits if h.neighbour_of is not None]
             if decay is not None and probe.neighbours:
-                probe.order = [h.fact.id for h in hits]
+                probe.order = [h.key for h in hits]
             if count:
                 self._merge(p, rnd, probe, hits)
         return hit_lists
@@ -754,9 +754,9 @@ class PGR(Savings, Drivers):
             # reciprocal rank, max over probes: a fact is as good as its best placement, so many
             # look-alike probes hitting the same generic fact cannot push it above the query's hits
             fused = weight / (_RRF_K + hit.rank + (0.5 if hit.neighbour_of else 0.0))
-            known = p.found.get(hit.fact.id)
+            known = p.found.get(hit.key)
             if known is None:
-                p.found[hit.fact.id] = FoundFact(
+                p.found[hit.key] = FoundFact(
                     fact=hit.fact,
                     score=hit.score if hit.neighbour_of is None else 0.0,
                     rank_score=fused,
@@ -765,14 +765,14 @@ class PGR(Savings, Drivers):
                     step_id=probe.step_id,
                     via="neighbour" if hit.neighbour_of else "hit",
                     probes_hit=0 if hit.neighbour_of else 1,
-                    beside=[hit.neighbour_of] if hit.neighbour_of else [],
+                    beside=[hit.anchor] if hit.anchor else [],
                     cue=hit.cue,
                 )
-                (rnd.new_neighbour_ids if hit.neighbour_of else rnd.new_fact_ids).append(hit.fact.id)
+                (rnd.new_neighbour_ids if hit.neighbour_of else rnd.new_fact_ids).append(hit.key)
                 continue
             known.rank_score = max(known.rank_score, fused)
-            if hit.neighbour_of is not None and hit.neighbour_of not in known.beside:
-                known.beside.append(hit.neighbour_of)  # it rides with this anchor too, hit or not
+            if hit.anchor is not None and hit.anchor not in known.beside:
+                known.beside.append(hit.anchor)  # it rides with this anchor too, hit or not
             if hit.neighbour_of is None:
                 known.probes_hit += 1
                 if hit.score > known.score:
@@ -781,7 +781,7 @@ class PGR(Savings, Drivers):
                 if known.via == "neighbour":  # reached directly now: it counts toward Δ
                     known.via = "hit"
                     known.round, known.probe, known.step_id = rnd.index, probe.text, probe.step_id
-                    rnd.new_fact_ids.append(hit.fact.id)
+                    rnd.new_fact_ids.append(hit.key)
 
     def _ranked(self, p: Prospection) -> list[FoundFact]:
         """R*, in the configured order (see :mod:`pgr_core.ranking`) and cut to ``max_facts``. An

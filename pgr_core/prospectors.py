@@ -155,9 +155,9 @@ class Prospection:
                 if when and self.date
                 else (when.date().isoformat() if when else "undated")
             )
-            text = self._quoted.get(fact.id)
+            text = self._quoted.get(fact.key)
             if text is None:  # the same facts come back in every round's prompt: quote each once per call
-                text = self._quoted[fact.id] = quoted(fact.text, 1000)
+                text = self._quoted[fact.key] = quoted(fact.text, 1000)
             step = ""
             if with_step:
                 step = f' step="{_step_label(found.step_id, step_labels)}"' + (
@@ -170,7 +170,7 @@ class Prospection:
             used += cost
             lines.append(line)
             if shown is not None:
-                shown.append(fact.id)
+                shown.append(fact.key)
         return "\n".join(lines) if lines else "(none)"
 
 
@@ -508,8 +508,8 @@ class LLMProspector(Prospector):
             or "(none)"
         )
         delta = sorted((f for f in new if f.via == "hit" and f.step_id is not None), key=lambda f: -f.score)
-        seen = {f.id for f in delta}
-        rest = [f for f in p.findings() if f.id not in seen]  # the other step finds, then the request's
+        seen = {f.key for f in delta}
+        rest = [f for f in p.findings() if f.key not in seen]  # the other step finds, then the request's
         shown: list[str] = []
         memories = p.memory_lines(
             [*delta, *rest],

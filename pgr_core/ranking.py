@@ -71,23 +71,23 @@ def earned_order(hits: Sequence[Hit], decay: float, raw: Mapping[str, float] | N
     >>> [(h.fact.id, h.rank, round(h.score, 2)) for h in earned_order(hits, 0.8)]
     [('t1', 0, 0.9), ('t3', 1, 0.72), ('t2', 2, 0.6)]
     """
-    direct = {h.fact.id: h for h in hits if h.neighbour_of is None}
-    best: dict[str, tuple[int, Hit]] = {}  # fact id -> (its place in the store's list, the hit as scored)
+    direct = {h.key: h for h in hits if h.neighbour_of is None}
+    best: dict[str, tuple[int, Hit]] = {}  # fact key -> (its place in the store's list, the hit as scored)
     for at, hit in enumerate(hits):
-        if hit.neighbour_of is None:
-            best.setdefault(hit.fact.id, (at, hit))
+        if hit.anchor is None:
+            best.setdefault(hit.key, (at, hit))
             continue
-        anchor = direct.get(hit.neighbour_of)
-        if anchor is None or hit.fact.id in direct:
+        anchor = direct.get(hit.anchor)
+        if anchor is None or hit.key in direct:
             continue
         a, n = anchor.fact.position, hit.fact.position
         factor = decay ** (abs(n - a) if a is not None and n is not None and n != a else 1)
-        if raw is not None and hit.neighbour_of in raw:
-            earned = anchor.score - (1 - factor) * abs(raw[hit.neighbour_of])
+        if raw is not None and hit.anchor in raw:
+            earned = anchor.score - (1 - factor) * abs(raw[hit.anchor])
         else:
             earned = anchor.score * factor if anchor.score >= 0 else anchor.score / factor
-        if hit.fact.id not in best or earned > best[hit.fact.id][1].score:
-            best[hit.fact.id] = (at, replace(hit, score=earned))
+        if hit.key not in best or earned > best[hit.key][1].score:
+            best[hit.key] = (at, replace(hit, score=earned))
     ranked = sorted(best.values(), key=lambda entry: (-entry[1].score, entry[0]))
     return [replace(hit, rank=rank) for rank, (_, hit) in enumerate(ranked)]
 
@@ -230,7 +230,7 @@ def shared_order(found: Mapping[str, FoundFact], probes: Iterable[Probe], query_
             placed.add(item)
             out.append(item)
             taken[pool] += 1
-    rest = [f for f in fused_order(found) if f.id not in placed]
+    rest = [f for f in fused_order(found) if f.key not in placed]
     return [found[i] for i in out] + rest
 
 
@@ -240,7 +240,7 @@ def _with_the_rest(found: Mapping[str, FoundFact], probes: Sequence[Probe], ids:
     neighbours = {} if any(pr.order for pr in probes) else _neighbours(found)
     out = _led_by(ids, neighbours, found)
     placed = set(out)
-    return [found[i] for i in out] + [f for f in fused_order(found) if f.id not in placed]
+    return [found[i] for i in out] + [f for f in fused_order(found) if f.key not in placed]
 
 
 def summed_order(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> list[FoundFact]:
@@ -330,4 +330,4 @@ def llm_order(
     shared = shared_order(found, probes, query_share)
     out = _led_by(chosen, _neighbours(found), found)
     first = set(out)
-    return [found[i] for i in out] + [f for f in shared if f.id not in first]
+    return [found[i] for i in out] + [f for f in shared if f.key not in first]

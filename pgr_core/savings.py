@@ -42,8 +42,8 @@ _NOT_PLAIN = re.compile(
 
 def cut_hits(hits: list[Hit], top_k: int, min_score: float) -> list[Hit]:
     """A probe's hits cut to its own K and τ; a neighbour stays exactly when its anchor does."""
-    kept_anchors = {h.fact.id for h in hits if h.neighbour_of is None and h.rank < top_k and h.score >= min_score}
-    return [h for h in hits if (h.neighbour_of or h.fact.id) in kept_anchors]
+    kept_anchors = {h.key for h in hits if h.neighbour_of is None and h.rank < top_k and h.score >= min_score}
+    return [h for h in hits if (h.anchor or h.key) in kept_anchors]
 
 
 class Savings:

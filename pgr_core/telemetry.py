@@ -498,7 +498,7 @@ def _documents(hit_lists: Sequence[Sequence[Any]]) -> str:
     seen: dict[str, dict[str, Any]] = {}
     for hits in hit_lists:
         for h in hits:
-            doc = seen.setdefault(h.fact.id, {"id": h.fact.id, "score": 0.0, "content": h.fact.text})
+            doc = seen.setdefault(h.key, {"id": h.fact.id, "score": 0.0, "content": h.fact.text})
             if h.neighbour_of is None:
                 doc["score"] = max(doc["score"], round(float(h.score), 6))
     return json.dumps(list(seen.values()), ensure_ascii=False)

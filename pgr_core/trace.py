@@ -162,12 +162,17 @@ class FoundFact:
     step_id: str | None = None
     via: Literal["hit", "neighbour"] = "hit"
     probes_hit: int = 1  # how many probes returned it directly
-    beside: list[str] = field(default_factory=list)  # the hits whose window brought it in (a hit may have some)
+    beside: list[str] = field(default_factory=list)  # the keys of the hits whose window brought it in
     cue: str | None = None  # the cue that scored its best hit, when a cue beat its text (Anticipating)
 
     @property
     def id(self) -> str:
         return self.fact.id
+
+    @property
+    def key(self) -> str:
+        """The fact's id, and its owner where one user's agents or runs may share the id (``Fact.key``)."""
+        return self.fact.key
 
     @property
     def text(self) -> str:

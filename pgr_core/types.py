@@ -90,6 +90,19 @@ def owner_fields(source: Mapping[str, Any], keys: Mapping[str, str]) -> dict[str
     return owner
 
 
+def fact_key(fact_id: str, owner: Scope) -> str:
+    """What tells a fact apart within any one caller's scope: its id when a user alone owns it, else its id
+    and owner. Two agents (or runs) of one user may each hold a fact ``"f1"``: under the user's scope
+    those are two facts, ``"f1@u1/planner/"`` and ``"f1@u1/coach/"``.
+
+    >>> fact_key("f1", Scope(user_id="u1")), fact_key("f1", Scope(user_id="u1", agent_id="planner"))
+    ('f1', 'f1@u1/planner/')
+    """
+    if owner.agent_id is None and owner.run_id is None:
+        return fact_id
+    return f"{fact_id}@{owner.user_id or ''}/{owner.agent_id or ''}/{owner.run_id or ''}"
+
+
 @dataclass(frozen=True)
 class Fact:
     """One memory: a short text with its owner, type and dates.
@@ -107,6 +120,11 @@ class Fact:
     session_id: str | None = None
     position: int | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """The fact's id, and its owner where one user's agents or runs may share the id (:func:`fact_key`)."""
+        return fact_key(self.id, self.scope)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -136,6 +154,16 @@ class Hit:
     neighbour_of: str | None = None
     cue: str | None = None
     raw: float | None = None
+
+    @property
+    def key(self) -> str:
+        """Its fact's :attr:`Fact.key`."""
+        return self.fact.key
+
+    @property
+    def anchor(self) -> str | None:
+        """The key of the hit whose window brought it (``neighbour_of``, of the same owner), or None."""
+        return None if self.neighbour_of is None else fact_key(self.neighbour_of, self.fact.scope)
 
 
 @dataclass(frozen=True)

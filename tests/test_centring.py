@@ -21,6 +21,10 @@ TYPICAL = (0.8, 0.6, 0.0)  # cosine 0.8 to the query: close, and like every othe
 SPECIFIC = (0.6, 0.0, 0.8)  # cosine 0.6 to the query: further, and unlike the rest
 
 
+def _fact(fact_id: str, text: str, scope: Scope = ALICE) -> Fact:
+    return Fact(id=fact_id, text=text, scope=scope)
+
+
 class Hand:
     """Each text's vector given by hand (unit length after normalising); the query is the x axis."""
 
@@ -93,12 +97,12 @@ def test_the_mean_is_the_callers_own_scope() -> None:
 def test_a_write_rebuilds_the_scopes_mean() -> None:
     store, embedder = _store({f"more knee {i}": SPECIFIC for i in range(20)})
     centre = MemoryCentre(store, embedder)
-    first = centre.typicality(ALICE, ["knee"], ["knee operation"])["knee"]
+    first = centre.typicality(ALICE, [_fact("knee", "knee operation")])["knee"]
     assert first == pytest.approx(0.584, abs=1e-4)
-    assert centre.typicality(ALICE, ["knee"], ["knee operation"])["knee"] == pytest.approx(first)  # cached
+    assert centre.typicality(ALICE, [_fact("knee", "knee operation")])["knee"] == pytest.approx(first)  # cached
     store.add_facts([Fact(id=f"k{i}", text=f"more knee {i}", scope=ALICE) for i in range(20)])
     # now 21 of 25 facts point the knee's way: it is alice's typical fact
-    rebuilt = centre.typicality(ALICE, ["knee"], ["knee operation"])["knee"]
+    rebuilt = centre.typicality(ALICE, [_fact("knee", "knee operation")])["knee"]
     assert rebuilt == pytest.approx((4 * 0.48 + 21 * 1.0) / 25, abs=1e-4)  # typical . specific = 0.48
     assert rebuilt > first
 
@@ -158,7 +162,7 @@ def test_the_floor_reads_the_stores_cosine() -> None:
     pgr = PGR(store, query_top_k=20)
     cfg = pgr.config
     hits = store.search_batch(["what should I plan"], scope=ALICE, params=SearchParams(top_k=20, min_score=0.0))[0]
-    typical = pgr.centre.typicality(ALICE, [h.fact.id for h in hits], [h.fact.text for h in hits])  # type: ignore[union-attr]
+    typical = pgr.centre.typicality(ALICE, [h.fact for h in hits])  # type: ignore[union-attr]
     kept = centred(hits, typical, cfg.centring or 0.0, 5, 0.7)
     assert {h.fact.id for h in kept} == {"a0", "a1", "a2", "a3"}
 
@@ -175,8 +179,9 @@ def test_bad_centring_weights_are_refused(bad: object) -> None:
 def test_a_scope_the_store_lists_nothing_for_makes_nothing_typical() -> None:
     store, embedder = _store()
     centre = MemoryCentre(store, embedder)
-    assert centre.typicality(Scope(user_id="nobody"), ["a0"], ["typical 0"]) == {"a0": 0.0}
-    assert centre.typicality(ALICE, [], []) == {}
+    nobody = Scope(user_id="nobody")
+    assert centre.typicality(nobody, [_fact("a0", "typical 0", nobody)]) == {"a0": 0.0}
+    assert centre.typicality(ALICE, []) == {}
 
 
 def test_nearest_reads_a_typicality_against_the_nearest_share_of_other_owners_facts() -> None:
@@ -197,13 +202,13 @@ def test_nearest_reads_a_typicality_against_the_nearest_share_of_other_owners_fa
         near = sorted((float(unit[i] @ unit[j]) for j in range(10) if owner_of[f"f{j}"] != owner), reverse=True)
         return float(np.mean(near[: round(0.5 * len(near))]))  # 8 others: the nearest 4
 
-    got = centre.typicality(ALICE, [f"f{i}" for i in range(10)], [f"t{i}" for i in range(10)])
+    got = centre.typicality(ALICE, store.facts_for(ALICE))
     assert got == pytest.approx({f"f{i}": want(i, owner_of[f"f{i}"]) for i in range(10)}, abs=1e-6)
     # a text the build never saw, given its owner: read against the same neighbours
-    unseen = centre.typicality(ALICE, ["new"], ["t11"], ["o0"])
+    unseen = centre.typicality(ALICE, [_fact("new", "t11")], ["o0"])
     near = sorted((float(unit[11] @ unit[j]) for j in range(2, 10)), reverse=True)
     assert unseen["new"] == pytest.approx(float(np.mean(near[:4])), abs=1e-6)
-    whole = MemoryCentre(store, None).typicality(ALICE, ["f0"], ["t0"])["f0"]
+    whole = MemoryCentre(store, None).typicality(ALICE, [_fact("f0", "t0")])["f0"]
     assert whole == pytest.approx(float(unit[0] @ unit[:10].mean(axis=0)), abs=1e-6)
     assert got["f0"] != pytest.approx(whole, abs=1e-3)
     for bad in (0.0, 1.5, True, "half"):
@@ -225,20 +230,21 @@ def test_nearest_reads_a_fact_beyond_its_sample_once_until_the_next_write(monkey
     reads: list[list[str]] = []
     real = centring.read_vectors
 
-    def counting(st: object, emb: object, scope: Scope, ids: list[str], texts: list[str]) -> np.ndarray:
-        reads.append(list(ids))
-        return real(st, emb, scope, ids, texts)
+    def counting(st: object, emb: object, scope: Scope, facts: Sequence[Fact]) -> np.ndarray:
+        reads.append([f.id for f in facts])
+        return real(st, emb, scope, facts)
 
     monkeypatch.setattr(centring, "read_vectors", counting)
-    ids, texts = [f"f{i}" for i in range(8)], [f"t{i}" for i in range(8)]
-    first = centre.typicality(ALICE, ids, texts)
+    facts = [_fact(f"f{i}", f"t{i}") for i in range(8)]
+    ids = [f.id for f in facts]
+    first = centre.typicality(ALICE, facts)
     unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
     sample = [0, 2, 4, 6]  # an even sample of 4 of the 8
     for i in range(8):
         near = sorted((float(unit[i] @ unit[j]) for j in sample if j != i), reverse=True)
         assert first[f"f{i}"] == pytest.approx(float(np.mean(near[: round(0.5 * len(near))])), abs=1e-6)
     assert reads == [ids, ["f1", "f3", "f5", "f7"]]  # the build, then the four beyond the sample
-    assert centre.typicality(ALICE, ids, texts) == first and len(reads) == 2  # kept: nothing read again
+    assert centre.typicality(ALICE, facts) == first and len(reads) == 2  # kept: nothing read again
     store.add_facts([Fact(id="f8", text="t0", scope=ALICE)])  # a write in the scope drops the centre
-    centre.typicality(ALICE, ids, texts)
+    centre.typicality(ALICE, facts)
     assert len(reads) == 4

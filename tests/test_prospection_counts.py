@@ -223,7 +223,7 @@ def test_strategy_none_is_the_query_only_list_centred() -> None:
     store = far_store()
     pgr = PGR(store, strategy="none")
     deep = store.search_batch([QUERY], scope=U, params=SearchParams(top_k=100, min_score=0.0))[0]
-    typical = pgr.centre.typicality(U, [h.fact.id for h in deep], [h.fact.text for h in deep])  # type: ignore[union-attr]
+    typical = pgr.centre.typicality(U, [h.fact for h in deep])  # type: ignore[union-attr]
     by_hand = [h.fact.id for h in centred(deep, typical, 1.0, 20, 0.0)]
     for window in (0, 1):
         result = PGR(store, strategy="none", window=window).retrieve(QUERY, scope=U)
