@@ -17,9 +17,16 @@ What it does, for ``--seconds`` (bounded; run by ``nox -s soak``, not in CI):
   every session the ledger lists as ingested is present exactly once: each of its fact ids is in the
   store, and no (user, session, position) is held by two facts.
 
+- then, for a directory store, damages copies of it the way a disk or a careless hand would (a
+  flipped byte in the engine's write-ahead log, a truncated log, a truncated id map, an emptied
+  segment, the record of acknowledged facts deleted) and checks each: ``pgr store check`` names the
+  damage, opening refuses with DamagedStoreError (a store that opens short of what it acknowledged is
+  a *silent* loss: a failure), ``pgr store repair`` keeps every fact still there and lists the rest
+  (kept + lost = acknowledged), and the repaired copy opens and checks whole.
+
 It prints the counts (processes started, kills, reader opens and failures, sessions in the ledger,
-facts lost, facts duplicated) and exits non-zero when anything was lost or duplicated, or the store
-failed to reopen.
+facts lost, facts duplicated, damage cases refused / silent / repaired) and exits non-zero when
+anything was lost or duplicated, the store failed to reopen, or a damage case went unnoticed.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -132,6 +140,88 @@ def check(store_path: Path) -> dict[str, int]:
         close = getattr(store, "close", None)
         if close:
             close()
+
+
+def _used_end(path: Path) -> int:
+    """Where a preallocated file's written part ends (its last non-zero byte, plus one)."""
+    data = path.read_bytes()
+    return len(data.rstrip(b"\0"))
+
+
+def _harm(copy: Path, kind: str, rng: random.Random) -> bool:
+    """Damage the store copy; False when it has nothing of that kind to damage."""
+    shard = copy / "shard"
+    if kind == "log-byte":
+        logs = [p for p in sorted((shard / "wal").glob("open-*")) if _used_end(p) > 64]
+        if not logs:
+            return False
+        data = bytearray(logs[0].read_bytes())
+        data[rng.randrange(32, _used_end(logs[0]))] ^= 1 << rng.randrange(8)
+        logs[0].write_bytes(bytes(data))
+    elif kind == "log-truncated":
+        logs = [p for p in sorted((shard / "wal").glob("open-*")) if _used_end(p) > 64]
+        if not logs:
+            return False
+        logs[0].write_bytes(logs[0].read_bytes()[: _used_end(logs[0]) // 2])
+    elif kind == "id-map":
+        maps = sorted((shard / "segments").glob("*/mutable_id_tracker.mappings"), key=lambda p: -p.stat().st_size)
+        if not maps or maps[0].stat().st_size < 2:
+            return False
+        maps[0].write_bytes(maps[0].read_bytes()[: maps[0].stat().st_size // 3])
+    elif kind == "segment-emptied":
+        segments = sorted(p for p in (shard / "segments").iterdir() if p.is_dir())
+        if not segments:
+            return False
+        victim = rng.choice(segments)
+        shutil.rmtree(victim)
+        victim.mkdir()
+    elif kind == "record-deleted":
+        (copy / "acknowledged.sqlite3").unlink()
+    return True
+
+
+DAMAGE = ("log-byte", "log-truncated", "id-map", "segment-emptied", "record-deleted")
+
+
+def damage_round(store: Path, workdir: Path, seed: int) -> dict[str, Any]:
+    """Each kind of damage on its own copy of the (closed) store: refused, checked, repaired."""
+    from pgr_core import DamagedStoreError, EdgeStore, HashingEmbedder
+
+    acknowledged = EdgeStore.check(store)["acknowledged"]
+    rng = random.Random(seed)
+    cli = [sys.executable, "-m", "pgr_core.cli", "store"]
+    out: dict[str, Any] = {"acknowledged": acknowledged, "refused": 0, "silent": 0, "harmless": 0, "repaired": 0}
+    for kind in DAMAGE:
+        copy = workdir / f"damaged-{kind}"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(store, copy, ignore=shutil.ignore_patterns(".lock"))
+        if not _harm(copy, kind, rng):
+            out[kind] = "nothing to damage"
+            continue
+        checked = subprocess.run([*cli, "check", str(copy)], capture_output=True, text=True)
+        try:
+            with EdgeStore.open(copy, embedder=HashingEmbedder()) as opened:
+                held = len(opened)
+        except DamagedStoreError:
+            out["refused"] += 1
+        else:  # it opened: only right if nothing it acknowledged is gone
+            whole = held >= acknowledged and checked.returncode == 0
+            out["harmless" if whole else "silent"] += 1
+            out[kind] = "opened whole" if whole else f"SILENT: opened with {held} of {acknowledged}"
+            continue
+        repaired = subprocess.run([*cli, "repair", str(copy), "--json", str(copy) + ".json"], capture_output=True)
+        report = json.loads(Path(str(copy) + ".json").read_text())[0] if repaired.returncode == 0 else {}
+        with EdgeStore.open(copy, embedder=HashingEmbedder()) as opened:
+            kept = len(opened)
+        after = subprocess.run([*cli, "check", str(copy)], capture_output=True)
+        lost = len(report.get("lost", []))
+        sums = report.get("lost_unknown") or kept + lost == acknowledged
+        ok = checked.returncode == 1 and repaired.returncode == 0 and after.returncode == 0 and sums
+        out["repaired"] += int(ok)
+        out[kind] = f"refused; repair kept {kept}, listed {lost} lost" + ("" if ok else " (FAILED)")
+        shutil.rmtree(copy, ignore_errors=True)
+    out["ok"] = out["silent"] == 0 and out["repaired"] == out["refused"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the point of the soak: a store that does not reopen is a failure, reported
         result = {"reopened": 0, "error": f"{type(exc).__name__}: {exc}"}  # type: ignore[dict-item]
     counts.pop("_last", None)
-    summary = {**dict(counts), **result, "store": str(store), "logs": str(logs)}
+    damage: dict[str, Any] = {}
+    if result.get("reopened") and store.is_dir():
+        damage = damage_round(store, Path(logs).parent, args.seed)
+    summary = {**dict(counts), **result, "damage": damage, "store": str(store), "logs": str(logs)}
     for key, value in summary.items():
         print(f"  {key}: {value}")
     if args.json:
@@ -255,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         or result.get("facts_duplicated", 1)
         or counts.get("reads_failed", 0)
         or final.returncode != 0
+        or (damage and not damage["ok"])
     )
     return 1 if bad else 0
 

@@ -87,6 +87,39 @@ wrong_length        ignores K: a hit list longer than    facts = [] ; on the fir
                                                          A partial or over-long batch is never half
                                                          used.
 =================== ==================================== ==============================================
+
+Faults of the files, the processes and the caller, outside these wrappers (driven as a disk, a crash
+or a user would drive them; the tests named run in the default suite, ``nox -s soak`` repeats the
+damage on a store that several killed writers built):
+
+=================== ==================================== ==============================================
+fault               what happens                         outcome
+=================== ==================================== ==============================================
+log byte flipped,   the engine would open an EdgeStore   opening raises DamagedStoreError (a
+log truncated, id   holding 0-90 % of what it            ConfigurationError) naming the store, how many
+map truncated,      acknowledged                         facts are gone and the repair; nothing is
+segment emptied                                          changed. ``pgr store check`` lists them,
+                                                         ``pgr store repair`` keeps every intact fact
+                                                         and lists the lost (tests/test_store_damage.py);
+                                                         the cue index alike
+record deleted      ``acknowledged.sqlite3`` is gone     the same; a repair keeps every fact and says
+                                                         which were lost cannot be told
+kill -9 mid-write   the engine holds a write its record  the next open adopts it: nothing lost or
+                    did not take                         refused (tests/test_store_damage.py)
+two processes save  both load, add and save one ``.pgr`` the later save raises ConfigurationError;
+                                                         the file keeps the first writer's facts
+                                                         (tests/test_bad_input.py)
+a new event loop    ``asyncio.run(pgr.aretrieve(...))``  each loop's HTTP client is closed with it: no
+per call            per request                          socket or memory kept per call
+                                                         (tests/test_llm_client.py)
+one id, two owners  two agents of one user hold "f1"     two facts under the user's scope, both
+                                                         returned, centring on
+                                                         (tests/test_shared_ids.py)
+hostile input       positions past 2**63-1, metadata     InvalidArgumentError naming the field; a
+                    2,000 deep, string vectors, a string ``.lock`` directory: ConfigurationError; a
+                    as an id list, a CLI line 100,000    CLI line: one line of error
+                    deep                                 (tests/test_bad_input.py)
+=================== ==================================== ==============================================
 """
 
 from __future__ import annotations
