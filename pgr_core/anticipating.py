@@ -27,7 +27,7 @@ from typing import Any
 
 from .centring import MemoryCentre, centrable, check_share
 from .cue_trust import Alignment, CueTrust, session_of
-from .cues import MAX_CUES, CueBatch, CueWriter, text_key
+from .cues import MAX_CUES, CueBatch, CueWriter, text_key, without_cues
 from .errors import ConfigurationError, InvalidArgumentError
 from .store import AddsOneFact, Store
 from .types import Fact, Hit, Scope, SearchParams, fact_key
@@ -126,8 +126,10 @@ class CueBuildReport:
     cues: int = 0
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    #: per session, the facts left without cues and why: {"session", "facts": [ids], "why"}
+    without: list[dict[str, Any]] = field(default_factory=list)
 
-    def add(self, batch: CueBatch, facts: int) -> None:
+    def add(self, batch: CueBatch, facts: int, session: str = "") -> None:
         self.sessions += 1
         self.asked_sessions += bool(batch.completions)
         self.facts += facts
@@ -139,12 +141,14 @@ class CueBuildReport:
         self.cues += sum(len(c) for c in batch.cues.values())
         self.seconds += sum(c.seconds for c in batch.completions)
         self.errors.extend(batch.errors[:3])
+        self.without.extend(without_cues(batch, session))
 
     def merge(self, other: CueBuildReport) -> None:
         names = ("facts", "cued", "cached", "already", "missing", "sessions", "asked_sessions", "calls", "tokens")
         for name in (*names, "cues", "seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.errors.extend(other.errors[:3])
+        self.without.extend(other.without)
 
     def to_dict(self) -> dict[str, Any]:
         asked = max(self.cued - self.cached, 0) + self.missing  # the facts sent to the model
@@ -163,6 +167,7 @@ class CueBuildReport:
             "tokens_per_fact": round(self.tokens / asked, 1) if asked else 0.0,
             "seconds_per_session": round(self.seconds / self.asked_sessions, 2) if self.asked_sessions else 0.0,
             "errors": self.errors[:10],
+            "without": self.without[:100],
         }
 
 
@@ -654,8 +659,8 @@ class Anticipating(AddsOneFact, Store):
         sessions: dict[tuple[Scope, str], list[Fact]] = {}
         for fact in todo:
             sessions.setdefault((fact.scope, session_of(fact)), []).append(fact)
-        for done, group in enumerate(sessions.values(), 1):
-            report.add(self._write_cues(group, writer), len(group))
+        for done, ((_, session), group) in enumerate(sessions.items(), 1):
+            report.add(self._write_cues(group, writer), len(group), session)
             if progress is not None:
                 progress(done, len(sessions))
         return report

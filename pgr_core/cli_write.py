@@ -212,6 +212,7 @@ def _ingest_run(
                 f"cues: {report.facts_cued} fact(s) cued, {report.facts_without_cues} left for `pgr cues build`; "
                 f"{report.cue_calls} LLM call(s), {report.cue_tokens} tokens ({per_fact} per fact)"
             )
+        _print_without(report.cues_missing)
         for user, session, error in report.failed[:10]:
             print(f"  failed {user}/{session}: {error} (retried on the next run)")
         print(f"store: {out} ({len(store)} facts); ledger: {_ledger_path(out)}")
@@ -243,9 +244,15 @@ def cue_writer(args: argparse.Namespace, llm: LLM | None) -> Any:
 
 
 def cmd_cues(args: argparse.Namespace) -> int:
-    """``pgr cues build``: backfill cues for every fact of a store that has none (resumable)."""
+    """``pgr cues build``: backfill cues for every fact of a store that has none (resumable);
+    ``pgr cues show``: list a user's facts with their cues."""
     from .types import Scope
     from .write._progress import ProgressBar
+
+    if args.action == "show":
+        return _show_cues(args)
+    if args.fact:
+        raise InvalidArgumentError("a fact id is for `pgr cues show`; `pgr cues build` takes --user")
 
     writer = cue_writer(args, required_llm(args, "pgr cues build"))
     out: Path = args.store
@@ -272,11 +279,50 @@ def cmd_cues(args: argparse.Namespace) -> int:
                     f"already, {r['without_cues']} without (rerun to retry); {r['llm_calls']} LLM call(s), "
                     f"{r['tokens']} tokens, {r['seconds_per_session']} s per session; {_trust_line(r['trust'])}"
                 )
+                _print_without(report.without, prefix=f"{user}/")
         if args.json:
             print(json.dumps({"store": str(out), "cue_index": str(store.cues.path), "users": reports}))
         else:
             print(f"cue index: {store.cues.path}; pgr retrieve --store {out} uses it")
     return 0
+
+
+def _show_cues(args: argparse.Namespace) -> int:
+    """Each fact of ``--user`` (or the one fact named) with the cues held for it."""
+    from .types import Scope
+
+    if len(args.user) != 1:
+        raise InvalidArgumentError("pgr cues show needs one --user: whose facts to list")
+    scope = Scope(user_id=args.user[0])
+    with _opened(args.store, args, "pgr cues show", create=False, cues=True) as store:
+        facts = store.store.facts_for(scope)
+        if args.fact:
+            facts = [f for f in facts if f.id == args.fact]
+            if not facts:
+                raise InvalidArgumentError(f"no fact {args.fact!r} of user {args.user[0]!r} in {args.store}")
+        cues = store.cues_of([f.id for f in facts], scope=scope)
+    rows = [{"id": f.id, "text": f.text, "cues": list(cues.get(f.id, ()))} for f in facts]
+    if args.json:
+        print(json.dumps({"store": str(args.store), "user": args.user[0], "facts": rows}))
+        return 0
+    for row in rows:
+        print(f"[{row['id']}] {row['text']}")
+        for cue in row["cues"]:
+            print(f"    cue: {cue}")
+        if not row["cues"]:
+            print("    no cues (`pgr cues build` writes them)")
+    cued = sum(bool(r["cues"]) for r in rows)
+    print(f"{cued} of {len(rows)} fact(s) cued")
+    return 0
+
+
+def _print_without(without: list[dict[str, Any]], prefix: str = "", limit: int = 20) -> None:
+    """One line per session whose facts got no cue, and why (the rest with --json)."""
+    for entry in without[:limit]:
+        shown = ", ".join(entry["facts"][:5]) + (", ..." if len(entry["facts"]) > 5 else "")
+        print(f"  no cue: {prefix}{entry['session']}: {shown}: {entry['why']}")
+    if len(without) > limit:
+        print(f"  ... and {len(without) - limit} more session(s) (all of them with --json)")
 
 
 def _trust_line(trust: dict[str, Any]) -> str:
@@ -483,7 +529,12 @@ def register(sub: Any) -> None:
     con.set_defaults(func=cmd_consolidate)
 
     cue = sub.add_parser("cues", help="anticipatory memory: cues that let a plain search find what matters")
-    cue.add_argument("action", choices=["build"], help="build: backfill cues for facts that have none (resumable)")
+    cue.add_argument(
+        "action",
+        choices=["build", "show"],
+        help="build: backfill cues for facts that have none (resumable); show: a user's facts and their cues",
+    )
+    cue.add_argument("fact", nargs="?", help="show: only this fact id")
     cue.add_argument("--store", type=Path, required=True, help="a directory store or a .pgr file")
     cue.add_argument("--user", action="append", default=[], help="only this user (repeatable; default: all)")
     cue.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

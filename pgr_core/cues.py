@@ -166,6 +166,7 @@ class CueBatch:
     errors: list[str] = field(default_factory=list)
     transient: list[str] = field(default_factory=list)  # missing because the call failed, not the reply
     skipped: int = 0  # missing because the cache records an earlier unusable reply (retry_failed=False)
+    why: dict[str, str] = field(default_factory=dict)  # fact id -> why it got no cue, in words
 
     @property
     def calls(self) -> int:
@@ -184,6 +185,15 @@ class CueBatch:
         self.errors.extend(other.errors)
         self.transient.extend(other.transient)
         self.skipped += other.skipped
+        self.why.update(other.why)
+
+
+def without_cues(batch: CueBatch, session: str) -> list[dict[str, Any]]:
+    """The facts of one session's batch left without cues, grouped by why: ``{"session", "facts", "why"}``."""
+    by_reason: dict[str, list[str]] = {}
+    for fid in batch.missing:
+        by_reason.setdefault(batch.why.get(fid, "no usable cue"), []).append(fid)
+    return [{"session": session, "facts": ids, "why": why} for why, ids in by_reason.items()]
 
 
 class CueCache:
@@ -325,6 +335,7 @@ class CueWriter:
             if hit == () and not self.retry_failed:  # the model gave it no usable cue before
                 batch.missing.append(fact.id)
                 batch.skipped += 1
+                batch.why[fact.id] = "the model gave it no usable cue before (the cache says so); a build asks again"
                 continue
             if hit is not None:  # cached before the example check existed: held to it now
                 hit = tuple(c for c in hit if " ".join(c.lower().split()) not in self._example)
@@ -364,10 +375,19 @@ class CueWriter:
             except LLMError as exc:
                 batch.errors.append(f"{type(exc).__name__}: {exc}")
                 batch.transient.extend(f.id for f in pending.values())
+                failed = f"the call failed ({type(exc).__name__}); asked again next build"
+                batch.why.update((f.id, failed) for f in pending.values())
                 break
             batch.completions.append(completion)
             problem = self._read(completion, pending, batch)
             if not pending or attempt == 1:
+                for handle, fact in pending.items():
+                    refused = [r.split(" ", 1)[1] for r in batch.refused if r.split(" ", 1)[0] == handle]
+                    batch.why[fact.id] = (
+                        f"its cues were refused after a repair ({'; '.join(refused[-4:])})"
+                        if refused
+                        else f"the reply gave it no usable entry after a repair ({problem[:200]})"
+                    )
                 break
             messages = [
                 *messages,

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..cues import CueWriter
+from ..cues import CueWriter, without_cues
 from ..errors import ConfigurationError, InvalidArgumentError, LLMError, LLMOutputError
 from ..llm import LLM
 from ..store import Store
@@ -89,6 +89,8 @@ class IngestReport:
     cue_calls: int = 0
     cue_tokens: int = 0
     cue_seconds: float = 0.0
+    #: per session, the facts left without cues and why: {"session", "facts": [ids], "why"}
+    cues_missing: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -264,6 +266,7 @@ class Ingestor:
             report.cue_calls += batch.calls
             report.cue_tokens += batch.tokens
             report.cue_seconds += sum(c.seconds for c in batch.completions)
+            report.cues_missing.extend(without_cues(batch, f"{scope_label(scope)}/{session.id}"))
         report.ingested += 1
         report.raw_fallback += status == "raw"
         entry = LedgerEntry(
