@@ -307,6 +307,10 @@ class CueWriter:
         digest = hashlib.sha256(prompt("cues").encode("utf-8")).hexdigest()[:12]
         return f"{model}|cues-{digest}|{cues_per_fact}"
 
+    def check(self, cues: Any, fact_text: str) -> tuple[list[str], list[str]]:
+        """One fact's usable cues and the reasons the others were refused (:func:`check_cues`)."""
+        return check_cues(cues, fact_text, avoid=self._example)
+
     def _max_tokens(self, facts: int) -> int:
         """The reply's ceiling: ``max_tokens`` when given, else room for every fact's cues."""
         return self.max_tokens or min(4096, 150 + 40 * self.cues_per_fact * facts)
@@ -421,7 +425,7 @@ class CueWriter:
             fact = pending.get(handle)
             if fact is None:
                 continue  # an unknown or already answered id
-            kept, refused = check_cues(item.get("cues"), fact.text, avoid=self._example)
+            kept, refused = self.check(item.get("cues"), fact.text)
             batch.refused.extend(f"{handle} {r}" for r in refused)
             if len(kept) >= MIN_CUES:
                 batch.cues[fact.id] = tuple(kept)
