@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-__all__ = ["OneLineParser", "nonnegative_float", "nonnegative_int", "positive_int", "shares", "unit_float"]
+__all__ = ["OneLineParser", "nonnegative_float", "nonnegative_int", "positive_int", "unit_float"]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -40,17 +40,3 @@ nonnegative_float = _bounded(float, 0.0, None, ">= 0")
 unit_float = _bounded(float, 0.0, 1.0, "between 0 and 1")
 nonnegative_int = _bounded(int, 0, None, "an integer >= 0")
 positive_int = _bounded(int, 1, None, "an integer >= 1")
-
-
-def shares(text: str) -> tuple[float, float] | None:
-    """``"F,C"``: two fractions in (0, 1] (``--cue-nearest 0.7,0.2``); ``"none"``: None."""
-    if text.strip().lower() == "none":
-        return None
-    parts = text.split(",")
-    try:
-        values = tuple(float(p) for p in parts)
-    except ValueError:
-        values = ()
-    if len(values) != 2 or not all(math.isfinite(v) and 0.0 < v <= 1.0 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r} must be two fractions in (0, 1] as F,C (e.g. 0.7,0.2), or none")
-    return values[0], values[1]

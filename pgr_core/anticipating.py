@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .centring import MemoryCentre, centrable, check_share
+from .centring import MemoryCentre, centrable
 from .cue_trust import Alignment, CueTrust, session_of
 from .cues import MAX_CUES, CueBatch, CueWriter, text_key, without_cues
 from .errors import ConfigurationError, InvalidArgumentError
@@ -36,7 +36,6 @@ __all__ = [
     "AUTO",
     "CENTRED_DEPTH",
     "DEFAULT_CUE_WEIGHT",
-    "NEAREST",
     "SCORINGS",
     "Anticipating",
     "CueBuildReport",
@@ -51,11 +50,6 @@ SCORINGS = ("max", "centred")
 AUTO = "auto"  # the default: "centred" where the store can be centred (it lists a scope's facts and
 # reads or embeds their vectors), "max" where it cannot
 CENTRED_DEPTH = 100  # facts (and cue_depth x as many cues) read per probe under scoring="centred"
-NEAREST = (0.7, 0.2)
-"""Under ``scoring="centred"``, how much of the user's memory a typicality is read against: a fact's,
-its nearest 70% of the user's other facts; a cue's, its nearest 20% of the cues of the user's other
-facts (:class:`~pgr_core.centring.MemoryCentre`'s ``nearest``). Picked on MQ-lite dev and LoCoMo
-conv-30 (benchmarks/RESULTS.md); ``nearest=None`` reads both against the whole memory's mean."""
 
 _SEP = "~cue"
 
@@ -212,12 +206,10 @@ class Anticipating(AddsOneFact, Store):
       cues were written with no other fact beside it).
       A fact's score is ``2 / (1 + w) x (own term + w x cue term)`` for a cue weight ``w``: the sum
       above at ``w = 1``, twice its own term at ``w = 0``. ``False``: always in full.
-    - ``nearest``: under ``scoring="centred"``, how much of the memory a typicality is read against,
-      ``(facts, cues)``: a fact's is its mean cosine to the nearest ``facts`` share of the scope's other
-      facts, a cue's its mean cosine to the nearest ``cues`` share of the cues of the scope's other
-      facts (:class:`~pgr_core.centring.MemoryCentre`). Default :data:`NEAREST`, ``(0.7, 0.2)``: a cue
-      like many of the user's other cues ("should I try a new diet?") counts as typical, although it
-      is far from the mean of them all. ``None``: both against the whole scope's mean (the rule before).
+    - typicality, under ``scoring="centred"``: a fact's is its cosine to the mean of the scope's facts, a
+      cue's to the mean of the scope's cues (pgr's centring, CSLS's correction with the whole memory as
+      the neighbourhood). Chosen by leave one user out on MQ-lite dev with a capable model's cues over
+      reading it against the nearest share of the memory (docs/evidence.md).
     - ``writer``: a :class:`CueWriter`; with it, every fact written through the wrapper gets cues at
       once (one call per write batch). Without it, :meth:`build` backfills.
     """
@@ -231,7 +223,6 @@ class Anticipating(AddsOneFact, Store):
         writer: CueWriter | None = None,
         scoring: str = AUTO,
         cue_trust: bool = True,
-        nearest: tuple[float, float] | None = NEAREST,
     ) -> None:
         if not isinstance(store, Store):
             raise InvalidArgumentError(f"Anticipating wraps a pgr Store, got {type(store).__name__}")
@@ -242,15 +233,6 @@ class Anticipating(AddsOneFact, Store):
         if scoring not in (AUTO, *SCORINGS):
             raise InvalidArgumentError(
                 f"scoring must be one of {', '.join(map(repr, (AUTO, *SCORINGS)))}, got {scoring!r}"
-            )
-        if nearest is not None:
-            if not isinstance(nearest, tuple) or len(nearest) != 2:
-                raise InvalidArgumentError(
-                    f"nearest must be (facts, cues), two fractions in (0, 1], or None, got {nearest!r}"
-                )
-            nearest = (
-                check_share(nearest[0], "nearest's facts share"),
-                check_share(nearest[1], "nearest's cues share"),
             )
         if scoring == AUTO:
             scoring = "centred" if can_centre(store) else "max"
@@ -276,11 +258,7 @@ class Anticipating(AddsOneFact, Store):
         self._trust: CueTrust | None = None
         if scoring == "centred":
             embedder = getattr(store, "embedder", None)
-            near_facts, near_cues = nearest if nearest is not None else (None, None)
-            self._centres = (
-                MemoryCentre(store, embedder, nearest=near_facts),
-                MemoryCentre(self.cues, embedder, nearest=near_cues, owner=_cue_owner),
-            )
+            self._centres = (MemoryCentre(store, embedder), MemoryCentre(self.cues, embedder))
             if cue_trust:
                 self._trust = CueTrust(store, self.cues, embedder, self._cue_records)
 
@@ -404,7 +382,7 @@ class Anticipating(AddsOneFact, Store):
         else:  # the scope's cues tell their facts apart no better than chance: its own text ranks a fact
             by_cue = [[] for _ in probes]
         facts_typical = facts_centre.typicality_of_hits(scope, base)
-        cues_typical = cues_centre.typicality_of_hits(scope, by_cue)  # a cue's siblings left out (_cue_owner)
+        cues_typical = cues_centre.typicality_of_hits(scope, by_cue)
         # per probe: fact key -> (centred own term, fact, cosine); fact key -> (best centred cue term, that
         # cue, its cosine); the facts τ keeps (it reads a cosine: the fact's own, or cue_weight x a cue's)
         read: list[tuple[dict[str, tuple[float, Fact, float]], dict[str, tuple[float, str, float]], list[str]]] = []

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import numpy as np
 
 from .embedders import unit_rows
-from .errors import InvalidArgumentError
 from .types import Fact, Hit, Scope
 
 if TYPE_CHECKING:
@@ -47,15 +46,12 @@ __all__ = [
     "PerScope",
     "centrable",
     "centred",
-    "check_share",
-    "nearest_means",
     "read_vectors",
 ]
 
 T = TypeVar("T")
 
 _MAX_EMBEDDED = 2000  # a store that gives no vectors: the mean of an even sample of at most this many facts
-_MAX_NEIGHBOURS = 2000  # nearest=p: a fact's neighbours are sought among an even sample of at most this many
 
 
 class CentringUnavailable(Exception):
@@ -64,13 +60,10 @@ class CentringUnavailable(Exception):
 
 @dataclass(frozen=True)
 class _Centre:
-    """One scope's mean, and the typicality of every fact it was built from (read once, with it).
-    Under ``nearest``, also the facts a typicality is read against (an even sample) and their owners."""
+    """One scope's mean, and the typicality of every fact it was built from (read once, with it)."""
 
     mean: np.ndarray | None  # None: the store lists no fact for the scope
     typical: dict[str, float]
-    sample: np.ndarray | None = None  # unit rows (nearest=p only)
-    owners: np.ndarray | None = None  # each sample row's owner (nearest=p only)
 
 
 def centrable(store: Any, embedder: Any = None) -> bool:
@@ -129,12 +122,6 @@ class MemoryCentre:
     Thread-safe; a scope's centre is rebuilt after the store reports a write there (a build that started
     before the write is not kept). At most ``max_scopes`` are kept, least recently used first out.
 
-    ``nearest=p`` (in (0, 1]) reads a fact's typicality against the part of the memory nearest it
-    instead of all of it: the mean of its ``round(p x m)`` highest cosines to the scope's other facts
-    (``m`` of them; at most an even sample of 2,000), leaving out every fact of the same ``owner``
-    (itself; for a cue index, the other cues of the same fact). A cue that reads like many of the
-    user's other cues ("should I try a new diet?") is then typical although the user's cues, taken
-    together, point elsewhere. ``owner`` maps a fact to its owner (default: its :attr:`Fact.key`).
     """
 
     def __init__(
@@ -143,14 +130,10 @@ class MemoryCentre:
         embedder: Embedder | None,
         *,
         max_scopes: int = 256,
-        nearest: float | None = None,
-        owner: Callable[[Fact], str] | None = None,
     ) -> None:
         self.store = store
         self.embedder = embedder
         self.max_scopes = max_scopes
-        self.nearest = None if nearest is None else check_share(nearest)
-        self.owner: Callable[[Fact], str] = owner or (lambda f: f.key)
         self._centres: PerScope[_Centre] = PerScope(max_scopes)
         store.add_listener(self.invalidate)  # held weakly: dropping the PGR drops this
 
@@ -159,9 +142,8 @@ class MemoryCentre:
         them when None, or when an owner cannot be matched). Never raises."""
         self._centres.invalidate(scopes)
 
-    def typicality(self, scope: Scope, facts: Sequence[Fact], owners: Sequence[str] | None = None) -> dict[str, float]:
-        """fact key (:attr:`Fact.key`) -> its mean cosine to ``scope``'s facts (under ``nearest``, to the
-        nearest of them not of its owner; ``owners``: each fact's, default :attr:`owner`'s). Raises
+    def typicality(self, scope: Scope, facts: Sequence[Fact]) -> dict[str, float]:
+        """fact key (:attr:`Fact.key`) -> its mean cosine to ``scope``'s facts. Raises
         :class:`CentringUnavailable`."""
         if not facts:
             return {}
@@ -174,31 +156,12 @@ class MemoryCentre:
         if unseen:
             ids = [keys[at] for at in unseen]
             vectors = self._vectors(scope, [facts[at] for at in unseen])
-            if centre.sample is None:
-                found = [float(v) for v in vectors @ centre.mean]
-            else:
-                owned = owners if owners is not None else [self.owner(f) for f in facts]
-                whose = np.asarray([owned[at] for at in unseen], dtype=object)
-                found = [float(v) for v in self._nearest(vectors, whose, centre)]
-                # kept with the centre (dropped with it at the next write in the scope): a fact beyond the
-                # sample is read once, not on every search that returns it
-                centre.typical.update(zip(ids, found, strict=True))
-            out.update(zip(ids, found, strict=True))
+            out.update(zip(ids, (float(v) for v in vectors @ centre.mean), strict=True))
         return out
 
     def typicality_of_hits(self, scope: Scope, hit_lists: Sequence[Sequence[Hit]]) -> dict[str, float]:
-        """:meth:`typicality` of a round's distinct direct hits, each owned as ``owner`` says."""
+        """:meth:`typicality` of a round's distinct direct hits."""
         return self.typicality(scope, distinct_hits(hit_lists))
-
-    def _nearest(self, vectors: np.ndarray, owners: np.ndarray, centre: _Centre) -> np.ndarray:
-        """Each row's mean cosine to its ``round(nearest x m)`` nearest sample rows of another owner."""
-        assert centre.sample is not None and centre.owners is not None and self.nearest is not None
-        out = np.zeros(len(vectors))
-        for start in range(0, len(vectors), 512):  # 512 x 2,000 cosines at a time
-            cos = vectors[start : start + 512] @ centre.sample.T
-            cos[owners[start : start + 512, None] == centre.owners[None, :]] = -np.inf
-            out[start : start + len(cos)] = nearest_means(cos, [self.nearest])[self.nearest]
-        return out
 
     # ------------------------------------------------------------------ internals
 
@@ -217,19 +180,7 @@ class MemoryCentre:
                 facts = [facts[int(i * step)] for i in range(_MAX_EMBEDDED)]
             vectors = self._vectors(scope, facts)
             mean = vectors.mean(axis=0)
-            if self.nearest is None:
-                centre = _Centre(mean, {f.key: float(v) for f, v in zip(facts, vectors @ mean, strict=True)})
-            else:
-                # the neighbours are sought in an even sample; its own facts' typicality is read at once,
-                # any other fact's when a search first returns it
-                if len(facts) > _MAX_NEIGHBOURS:
-                    step = len(facts) / _MAX_NEIGHBOURS
-                    at = [int(i * step) for i in range(_MAX_NEIGHBOURS)]
-                    facts, vectors = [facts[i] for i in at], vectors[at]
-                owners = np.asarray([self.owner(f) for f in facts], dtype=object)
-                centre = _Centre(mean, {}, vectors, owners)
-                found = self._nearest(vectors, owners, centre)
-                centre.typical.update((f.key, float(v)) for f, v in zip(facts, found, strict=True))
+            centre = _Centre(mean, {f.key: float(v) for f, v in zip(facts, vectors @ mean, strict=True)})
         return centre
 
     def _vectors(self, scope: Scope, facts: Sequence[Fact]) -> np.ndarray:
@@ -301,25 +252,3 @@ def distinct_hits(hit_lists: Sequence[Sequence[Hit]]) -> list[Fact]:
             if h.neighbour_of is None and h.key not in seen:
                 seen[h.key] = h.fact
     return list(seen.values())
-
-
-def check_share(value: object, what: str = "nearest") -> float:
-    """``value`` as a share of a memory, a number in (0, 1]; :class:`InvalidArgumentError` naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value <= 1.0:
-        raise InvalidArgumentError(f"{what} must be a fraction in (0, 1], got {value!r}")
-    return float(value)
-
-
-def nearest_means(cos: np.ndarray, shares: Sequence[float]) -> dict[float, np.ndarray]:
-    """Per row of ``cos`` (cosines, ``-inf`` where a column does not count), for each share ``p``: the
-    mean of the row's ``round(p x m)`` highest entries, ``m`` the entries that count (at least one
-    entry; 0.0 for a row where none does). One sort serves every share."""
-    eligible = np.isfinite(cos).sum(axis=1)
-    ordered = -np.sort(-cos, axis=1)
-    sums = np.cumsum(np.where(np.isfinite(ordered), ordered, 0.0), axis=1)
-    rows = np.arange(len(cos))
-    out = {}
-    for share in shares:
-        k = np.maximum(1, np.rint(share * eligible).astype(int))
-        out[share] = np.where(eligible > 0, sums[rows, k - 1] / k, 0.0)
-    return out

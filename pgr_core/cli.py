@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ._argtypes import OneLineParser, nonnegative_float, nonnegative_int, positive_int, shares, unit_float
+from ._argtypes import OneLineParser, nonnegative_float, nonnegative_int, positive_int, unit_float
 from ._cli_llm import add_llm_options, llm_from_args, required_llm
 from .embedders import Embedder, HashingEmbedder, MiniLMEmbedder, minilm_available
 from .errors import InvalidArgumentError, PGRError
@@ -544,8 +544,6 @@ def _cue_options(writer: str, args: argparse.Namespace) -> dict[str, Any]:
         options["cue_scoring"] = args.cue_scoring
         # the centred rule's cue term weighted by each user's cue trust (records from before it are not reused)
         options["cue_trust"] = bool(args.cue_trust)
-        # typicality against the nearest share of the memory (records from before it are not reused)
-        options["cue_nearest"] = list(args.cue_nearest) if args.cue_nearest is not None else None
     return options
 
 
@@ -593,7 +591,6 @@ def _run_eval(
             cue_weight=args.cue_weight,
             scoring=args.cue_scoring,
             cue_trust=args.cue_trust,
-            nearest=args.cue_nearest,
             retry_failed=args.cue_retry,
             log=_say,
         )
@@ -772,17 +769,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="under centred scoring, count every user's cue term in full, however mixed up their cues "
         "are (by default it is weighted by how far the cues point at their own fact: pgr_core.cue_trust)",
-    )
-    from .anticipating import NEAREST
-
-    ev.add_argument(
-        "--cue-nearest",
-        type=shares,
-        default=NEAREST,
-        metavar="F,C",
-        help="under centred scoring, read a fact's typicality against its nearest F share of the user's "
-        "facts and a cue's against its nearest C share of the user's cues (default "
-        f"{NEAREST[0]},{NEAREST[1]}); none: against the mean of them all, the rule before",
     )
     from .cli_write import cue_options
 

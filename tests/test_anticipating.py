@@ -12,7 +12,7 @@ import pytest
 from loopback_llm import LoopbackLLM, ok, sane
 
 from pgr_core import PGR, Anticipating, CueCache, CueWriter, EdgeStore, Fact, HashingEmbedder, InMemoryStore, Scope
-from pgr_core.anticipating import NEAREST, cue_ids, cue_path_for
+from pgr_core.anticipating import cue_ids, cue_path_for
 from pgr_core.cli import main
 from pgr_core.cues import MAX_CUE_WORDS, RETRY_TEMPERATURE, check_cues
 from pgr_core.embedders import unit_rows
@@ -211,7 +211,7 @@ def _alice_and_bob(**options: Any) -> tuple[Anticipating, Any, np.ndarray, dict[
 
 
 def test_centred_scoring_sums_own_and_best_cue_each_less_its_typicality_in_the_callers_memory() -> None:
-    store, unit, q, texts = _alice_and_bob(nearest=None)  # typicality against the whole mean
+    store, unit, q, texts = _alice_and_bob()
     probe = SOCCER
     fact_mean = unit(list(texts.values())).mean(axis=0)  # alice's facts only: bob's never move her mean
     cue_mean = unit([c for cs in CUES.values() for c in cs]).mean(axis=0)
@@ -240,47 +240,12 @@ def test_centred_scoring_sums_own_and_best_cue_each_less_its_typicality_in_the_c
         Anticipating(InMemoryStore(embedder=HashingEmbedder()), scoring="sum")
 
 
-def test_by_default_a_typicality_is_read_against_the_nearest_share_of_the_callers_memory() -> None:
-    """``nearest=(0.7, 0.2)``: a fact's typicality is its mean cosine to its nearest 70% of the user's
-    other facts, a cue's to its nearest 20% of the cues of the user's other facts (its own fact's cues
-    and every other user's left out)."""
-    assert NEAREST == (0.7, 0.2)
-    store, unit, q, texts = _alice_and_bob(cue_trust=False)
-    probe = SOCCER
-
-    def typical(v: np.ndarray, others: np.ndarray, share: float) -> float:
-        near = np.sort(others @ v)[::-1]
-        return float(near[: max(1, round(share * len(near)))].mean())
-
-    own_terms, cue_terms = {}, {}
-    for fid, text in texts.items():
-        own = unit([text])[0]
-        others = unit([t for f, t in texts.items() if f != fid])
-        if own @ q >= 0:
-            own_terms[fid] = float(own @ q) - typical(own, others, 0.7)
-        sibling_free = unit([c for t, cs in CUES.items() if t != text for c in cs])
-        read = [float(c @ q) - typical(c, sibling_free, 0.2) for c in unit(CUES[text]) if c @ q >= 0]
-        if read:
-            cue_terms[fid] = max(read)
-    low_own, low_cue = min(own_terms.values()), min(cue_terms.values())
-    want = {fid: own_terms.get(fid, low_own) + cue_terms.get(fid, low_cue) for fid in texts}
-    hits = store.search_batch([probe], scope=U1, params=SearchParams(top_k=3, min_score=0.0))[0]
-    assert {h.fact.id: h.score for h in hits} == pytest.approx(want, abs=1e-5)
-    assert [h.fact.id for h in hits] == sorted(want, key=lambda f: -want[f])
-    whole = Anticipating(store.store, cues=store.cues, scoring="centred", cue_trust=False, nearest=None)
-    plain = whole.search_batch([probe], scope=U1, params=SearchParams(top_k=3, min_score=0.0))[0]
-    assert [h.score for h in plain] != pytest.approx([h.score for h in hits], abs=1e-5)  # the rule is in use
-    for bad in ((0.0, 0.2), (0.7,), (0.7, 1.5), 0.7, (True, 0.2)):
-        with pytest.raises(InvalidArgumentError, match="nearest"):
-            Anticipating(InMemoryStore(embedder=HashingEmbedder()), nearest=bad)  # type: ignore[arg-type]
-
-
 def test_centred_scoring_counts_an_uncued_facts_own_term_twice_and_hands_back_the_raw_similarity() -> None:
     """A fact with no cues (not built yet, or its reply failed) is not marked down to the lowest cue
     term read: its own term stands for its cue term. Every hit carries the cosines behind its sum."""
     inner = InMemoryStore(embedder=HashingEmbedder())
     inner.add_facts(facts(U1))
-    store = Anticipating(inner, scoring="centred", nearest=None)  # typicality against the whole mean
+    store = Anticipating(inner, scoring="centred")
     store.build(CueWriter(cue_llm({KNEE: CUES[KNEE], PIZZA: CUES[PIZZA]})), scope=U1)  # the car has none
     assert set(store.cues_of(["knee", "car", "pizza"], scope=U1)) == {"knee", "pizza"}
     unit = lambda texts: unit_rows(inner.embedder.embed(texts))  # noqa: E731
@@ -539,19 +504,12 @@ def test_pgr_eval_cues_finds_the_cued_reference_and_reuses_the_cache(
         assert main([*common, *cache, *llm, "--cues", "--no-cache", "--json", str(tmp_path / "again.json")]) == 0
         assert server.count == first  # the cue cache answered every fact
         assert main([*common, *cache, *llm, "--cues", "--report-only", "--json", str(tmp_path / "again.json")]) == 0
-        # the typicality rule is part of what records are filed under: another rule is run, not reused
+        # the scoring rule is part of what records are filed under: another rule is run, not reused
         header = lambda name: json.loads((tmp_path / name).read_text().splitlines()[0])["header"]["store"]  # noqa: E731
-        assert header("cued.records.jsonl")["cue_nearest"] == [0.7, 0.2]
-        whole = ["--cues", "--cue-nearest", "none", "--json", str(tmp_path / "cued.json")]
-        assert main([*common, *cache, *llm, *whole]) == 0
-        assert header("cued.records.jsonl")["cue_nearest"] is None and server.count == first
-        assert main([*common, *cache, *llm, "--cues", "--json", str(tmp_path / "cued.json")]) == 0
-        assert header("cued.records.jsonl")["cue_nearest"] == [0.7, 0.2]  # and back again
-        for bad in ("0,0.2", "0.7", "0.7,x", "1.5,0.2"):
-            with pytest.raises(SystemExit) as stopped:
-                main([*common, *cache, *llm, "--cues", "--cue-nearest", bad])
-            assert stopped.value.code == 2
-        assert "--cue-nearest" in capsys.readouterr().err
+        assert header("cued.records.jsonl")["cue_scoring"] == "centred"
+        other = ["--cues", "--cue-scoring", "max", "--json", str(tmp_path / "cued.json")]
+        assert main([*common, *cache, *llm, *other]) == 0
+        assert "cue_scoring" not in header("cued.records.jsonl") and server.count == first
         # two cues a fact: cached apart from the default build, so each session is asked again, for 2
         assert (
             main([*common, *cache, *llm, "--cues", "--cues-per-fact", "2", "--json", str(tmp_path / "two.json")]) == 0

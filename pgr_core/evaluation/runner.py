@@ -20,7 +20,6 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..anticipating import NEAREST
 from ..caches import CachedEmbedder
 from ..embedders import Embedder
 from ..llm import LLM
@@ -136,7 +135,6 @@ def with_cues(
     cue_weight: float,
     scoring: str = "auto",
     cue_trust: bool = True,
-    nearest: tuple[float, float] | None = NEAREST,
     retry_failed: bool = False,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 ) -> tuple[Any, dict[str, Any]]:
@@ -147,7 +145,7 @@ def with_cues(
     retry temperature, as ``pgr cues build`` does); by default a rerun reuses the verdicts."""
     from ..anticipating import Anticipating, CueBuildReport
 
-    wrapped = Anticipating(store, cue_weight=cue_weight, scoring=scoring, cue_trust=cue_trust, nearest=nearest)
+    wrapped = Anticipating(store, cue_weight=cue_weight, scoring=scoring, cue_trust=cue_trust)
     writer.retry_failed = retry_failed
     owners = list(dict.fromkeys(f.scope for f in getattr(store, "facts", [])))
     total = CueBuildReport()
