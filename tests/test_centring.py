@@ -182,5 +182,3 @@ def test_a_scope_the_store_lists_nothing_for_makes_nothing_typical() -> None:
     nobody = Scope(user_id="nobody")
     assert centre.typicality(nobody, [_fact("a0", "typical 0", nobody)]) == {"a0": 0.0}
     assert centre.typicality(ALICE, []) == {}
-
-
