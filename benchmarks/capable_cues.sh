@@ -15,7 +15,7 @@ export MEM0_TELEMETRY=False
 table() { sed -n '/^| method/,/^$/p'; }
 echo "## MQ-lite dev facts: the question alone and the feedback round over capable-model cues"
 pgr eval jsonl --data $MQ --methods query-only,pgr-feedback $C --json "$out/mq-plain.json" 2>/dev/null | table
-pgr eval jsonl --data $MQ --cues --methods query-only,pgr-feedback $C --json "$out/mq-cues.json" 2>/dev/null | table
+pgr eval jsonl --data $MQ --cues --methods query-only,pgr-feedback,pgr-cot $C --json "$out/mq-cues.json" 2>/dev/null | table
 echo "## Prior art at the same write cost, and pgr's cue-path choices (leave one user out)"
 python benchmarks/prior_art.py write --data $MQ --replies $R --cache "$out/questions.sqlite3"
 python benchmarks/prior_art.py score --data $MQ --questions "$out/questions.sqlite3" --cues "$out/cues.sqlite3" \
