@@ -98,7 +98,7 @@ def cmd_write(args: argparse.Namespace) -> int:
     from pgr_core.recorded import RecordedLLM
 
     llm = (
-        RecordedLLM.from_path(args.replies)
+        RecordedLLM.from_path(args.replies, name=f"recorded:{args.replies}")  # as pgr eval --replies names it
         if args.replies
         else OpenAICompatible(base_url=args.base_url, model=args.model)
     )
