@@ -315,8 +315,8 @@ def test_readme_budget_example_runs(store: InMemoryStore, capsys: pytest.Capture
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### Budgets and failures") :]
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "concepts.md").read_text(encoding="utf-8")
+    section = doc[doc.index("### Budgets and failures") :]
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert code is not None
     llm = ScriptedLLM(handler=replies)

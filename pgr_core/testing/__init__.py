@@ -15,7 +15,15 @@ from typing import Any
 from ..errors import LLMError
 from ..llm import LLM, Completion, Usage
 
-__all__ = ["CUE_BACKFILL_NOTES", "CUE_BACKFILL_OTHER", "LLMCall", "ScriptedLLM", "asked_facts", "cue_llm"]
+__all__ = [
+    "CUE_BACKFILL_NOTES",
+    "CUE_BACKFILL_OTHER",
+    "LLMCall",
+    "ScriptedLLM",
+    "asked_facts",
+    "cue_llm",
+    "planner_llm",
+]
 
 Reply = str | Mapping[str, Any] | BaseException
 Handler = Callable[[Sequence[Mapping[str, str]], Mapping[str, Any] | None], Reply]
@@ -100,6 +108,32 @@ def cue_llm(cues_by_text: Mapping[str, Sequence[str]]) -> ScriptedLLM:
     def handler(messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any] | None) -> Reply:
         asked = asked_facts(messages)
         return {"cues": [{"id": h, "cues": list(cues_by_text.get(text, []))} for h, text in asked.items()]}
+
+    return ScriptedLLM(handler=handler)
+
+
+def planner_llm(
+    steps: Sequence[str] = ("check the knee with the physio",), summary: str = "It matters."
+) -> ScriptedLLM:
+    """A model that answers PGR's prompts by the reply schema they send: the request restated, ``steps``
+    the first time a plan is asked for and none after (chain or tree), and ``summary``. For examples
+    that run as a user would write them, with a model swapped in."""
+    planned: list[bool] = []
+
+    def handler(messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any] | None) -> Reply:
+        required = set((schema or {}).get("required", []))
+        if "intent" in required:
+            return {"intent": "the request, restated", "answered": False}
+        if "steps" in required or "nodes" in required:
+            first = not planned
+            planned.append(True)
+            if "steps" in required:
+                return {"steps": list(steps) if first else []}
+            nodes = [{"id": f"n{i}", "parent": None, "action": s} for i, s in enumerate(steps, 1)]
+            return {"nodes": nodes if first else []}
+        if "summary" in required:
+            return {"summary": summary, "ids": []}
+        return {}
 
     return ScriptedLLM(handler=handler)
 

@@ -62,11 +62,12 @@ SOCCER = "Should I join a soccer league this summer?"
 README_EXAMPLE = """
 from mem0 import Memory
 from pgr_adapters.mem0 import Mem0Store
+from pgr_core import OpenAICompatible
 
-memory = Memory.from_config(config)   # the mem0 set-up you already have
-store = Mem0Store(memory)             # PGR on top; store.search takes mem0's arguments
-hits = store.search("Should I join a soccer league this summer?", filters={"user_id": "alice"}, top_k=5)
-print([item["memory"] for item in hits["results"]])
+memory = Memory.from_config(config)  # the mem0 set-up you already have
+store = Mem0Store(memory, llm=OpenAICompatible())  # PGR prospects with your model
+hits = store.search("Should I join a soccer league this summer?", filters={"user_id": "alice"}, top_k=5, explain=True)
+print([(item["memory"], item["score_details"]["pgr_probe"]) for item in hits["results"]])
 """
 
 
@@ -407,15 +408,23 @@ def test_a_failed_write_is_a_store_error(new_memory: Callable[..., Any]) -> None
     assert info.value.__cause__ is not None
 
 
-def test_readme_example(new_memory: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_readme_example(
+    new_memory: Callable[..., Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pgr_core
+    from pgr_core.testing import planner_llm
+
     assert len(README_EXAMPLE.strip().splitlines()) <= 8
     config = mem0_config(tmp_path)
     seeded = Memory.from_config(config)
     Mem0Store(seeded).add_facts(conformance_corpus())
     seeded.vector_store.client.close()  # Qdrant local locks its folder: the example opens it anew
+    llm = planner_llm(["check the knee with the physio"])
+    monkeypatch.setattr(pgr_core, "OpenAICompatible", lambda **kwargs: llm)
     exec(README_EXAMPLE, {"config": config})
     printed = capsys.readouterr().out
     assert "I twisted my knee skiing" in printed and "Bob" not in printed
+    assert len(llm.calls) >= 3 and "the request, restated" in printed  # prospected, and explain says by what
 
 
 def test_plugin_registers_the_mem0_store(memory: Any, monkeypatch: pytest.MonkeyPatch) -> None:

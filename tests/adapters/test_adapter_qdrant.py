@@ -43,12 +43,13 @@ DIM = 384
 # The README's "wrap your collection" example, exactly as the README shows it.
 README_EXAMPLE = """\
 from qdrant_client import QdrantClient
-from pgr_core import PGR, MiniLMEmbedder, Scope
+from pgr_core import PGR, MiniLMEmbedder, OpenAICompatible, Scope
 from pgr_adapters.qdrant import QdrantStore
 
 client = QdrantClient(path="qdrant_data")  # or QdrantClient(url="http://localhost:6333")
 store = QdrantStore(client, "memories", embedder=MiniLMEmbedder())  # your collection, as it is
-result = PGR(store).retrieve("Should I join a soccer league this summer?", scope=Scope(user_id="alice"))
+pgr = PGR(store, llm=OpenAICompatible())  # PGR prospects with your model
+result = pgr.retrieve("Should I join a soccer league this summer?", scope=Scope(user_id="alice"))
 """
 
 
@@ -847,7 +848,12 @@ def test_readme_layout_example_wraps_collections_of_other_layouts(embedder):
 
 
 def test_readme_example_runs_against_a_prepared_collection(embedder, tmp_path, monkeypatch):
+    import pgr_core
+    from pgr_core.testing import planner_llm
+
     assert len(README_EXAMPLE.strip().splitlines()) <= 8
+    llm = planner_llm(["ask the coworker about the football team"])
+    monkeypatch.setattr(pgr_core, "OpenAICompatible", lambda **kwargs: llm)
     monkeypatch.chdir(tmp_path)
     prepared = QdrantClient(path="qdrant_data")
     texts = _mem0_like(prepared, embedder, named=None)
@@ -859,6 +865,7 @@ def test_readme_example_runs_against_a_prepared_collection(embedder, tmp_path, m
         found = [f.text for f in result.facts]
         assert not result.degraded and texts[3] in found  # the football coworker
         assert texts[4] not in found  # bob's memory never shows up for alice
+        assert llm.calls and result.trace.rounds  # prospected with the model the example names
     finally:
         namespace["client"].close()
 
