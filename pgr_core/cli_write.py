@@ -36,8 +36,8 @@ def _say(message: str) -> None:
 def _opened(out: Path, args: argparse.Namespace, what: str, *, create: bool, cues: bool | None = None) -> Iterator[Any]:
     """The store at ``out``, this process's own for the whole command: a store file under its lock
     (taken before the store and its ledger are read), a directory store holding its own; closed at the end."""
+    from ._cli_llm import _embedder
     from .builtin import opened_store
-    from .cli import _embedder
 
     with (
         _lock(out, args, what),
@@ -224,7 +224,7 @@ def _ingest_run(
 def _interrupted(users: list[Any], ledger: Any, out: Path) -> Exception:
     """Ctrl-C mid-ingest: the sessions the ledger lists are in the store for good (a session is listed
     only once its facts are durable), and a rerun of the same command skips them."""
-    from .cli import Interrupted
+    from ._cli_llm import Interrupted
 
     total = sum(len(u.sessions) for u in users)
     kept = sum(1 for u in users for s in u.sessions if ledger.is_done(u.scope, s))
@@ -397,7 +397,7 @@ def cmd_guideline(args: argparse.Namespace) -> int:
 
 def _cmd_induce(args: argparse.Namespace) -> int:
     """Guideline induction on PrefEval: train, keep the best S on the validation split."""
-    from .cli import _embedder
+    from ._cli_llm import _embedder
     from .write.examples import prefeval_examples
     from .write.induction import InductionConfig, induce
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .centring import CentringUnavailable, PerScope, read_vectors
-from .types import Fact, Scope, fact_key
+from .types import SESSION_KEY, Fact, Scope, fact_key
 
 if TYPE_CHECKING:
     from .embedders import Embedder
@@ -74,8 +74,6 @@ MAX_SESSIONS = 300
 
 def session_of(fact: Fact) -> str:
     """The session a fact was written in (extracted facts carry it in their metadata), or ''."""
-    from .write.ingest import SESSION_KEY
-
     marker = fact.metadata.get(SESSION_KEY) if isinstance(fact.metadata, Mapping) else None
     return str(fact.session_id or marker or "")
 

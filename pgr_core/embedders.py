@@ -14,26 +14,17 @@ import os
 import re
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
 from .caches import CachedEmbedder
 from .errors import ConfigurationError
+from .types import Embedder
 
 __all__ = ["CachedEmbedder", "Embedder", "HashingEmbedder", "MiniLMEmbedder", "default_embedder"]
 
 _TOKEN = re.compile(r"[\w']+", re.UNICODE)
-
-
-@runtime_checkable
-class Embedder(Protocol):
-    """Anything with a ``name``, a ``dim`` and ``embed(texts) -> (len(texts), dim)`` unit rows."""
-
-    name: str
-    dim: int
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 def unit_rows(matrix: Any) -> np.ndarray:

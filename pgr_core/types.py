@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from .errors import InvalidArgumentError, ScopeError
 
@@ -88,6 +90,10 @@ def owner_fields(source: Mapping[str, Any], keys: Mapping[str, str]) -> dict[str
             return None
         owner[name] = value
     return owner
+
+
+SESSION_KEY = "pgr_session"
+"""Fact metadata: the session that wrote a fact (an update keeps the writer's); ingestion sets it."""
 
 
 def fact_key(fact_id: str, owner: Scope) -> str:
@@ -282,3 +288,13 @@ class Budget:
                 )
             return cls(**value)
         raise InvalidArgumentError(f"{what} must be a Budget (or a mapping of its fields), not {type(value).__name__}")
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Anything with a ``name``, a ``dim`` and ``embed(texts) -> (len(texts), dim)`` unit rows."""
+
+    name: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...

@@ -43,7 +43,7 @@ from ..cues import CueWriter, without_cues
 from ..errors import ConfigurationError, InvalidArgumentError, LLMError, LLMOutputError
 from ..llm import LLM
 from ..store import Store
-from ..types import Fact, Scope, SearchParams
+from ..types import SESSION_KEY, Fact, Scope, SearchParams
 from ._progress import ProgressBar
 from .consolidate import listed_facts, remove_owned
 from .extract import MAX_FACTS_PER_SESSION, Extraction, extract, handles
@@ -54,7 +54,6 @@ from .stores import FactWriter, writer_for
 
 __all__ = ["IngestReport", "Ingestor", "SESSION_KEY", "raw_facts"]
 
-SESSION_KEY = "pgr_session"  # metadata: the session that wrote a fact (an update keeps the writer's)
 
 # A store object's in-memory ledger, shared by every Ingestor made on it without a ledger of its own,
 # so ingesting the same sessions twice into one store is a no-op within a process.
