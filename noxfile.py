@@ -14,18 +14,25 @@ import os
 import nox
 
 nox.options.sessions = ["tests", "conformance"]
-nox.options.default_venv_backend = "venv"
+# uv where it is installed (`pip install 'nox[uv]'`): its one package cache links each package into every
+# session instead of copying it (torch alone is about 1 GB a session); plain venv otherwise
+nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = True
 
 # Installed first, on its own: the CPU wheel that lies on these machines' disk. Left to resolve it as a
-# dependency of sentence-transformers, pip would fetch a CUDA build of several GB.
+# dependency of sentence-transformers, pip or uv would fetch a CUDA build of several GB.
 TORCH = "torch==2.13.0"
+WHEELS = "/opt/wheels"
 
 
 def _install(session: nox.Session, extras: str, *more: str) -> None:
-    if os.path.isdir("/opt/wheels"):
-        session.env["PIP_FIND_LINKS"] = "/opt/wheels"
-    session.install(TORCH)
+    torch = TORCH
+    if os.path.isdir(WHEELS):
+        session.env["PIP_FIND_LINKS"] = WHEELS
+        local = sorted(f for f in os.listdir(WHEELS) if f.startswith(TORCH.replace("==", "-") + "+cpu"))
+        if local:  # the file itself: uv would otherwise prefer the index's CUDA build of the same version
+            torch = os.path.join(WHEELS, local[-1])
+    session.install(torch)
     session.install("-e", f".[{extras}]", *more)
 
 
