@@ -121,9 +121,9 @@ def cmd_write(args: argparse.Namespace) -> int:
 #: "filtered" drops, doc2query-- style, a cue whose nearest fact of its session is another fact. The
 #: typicality read against the nearest share of the memory (0.7 of the facts, 0.2 of the cues) lost to
 #: the whole mean here and was deleted; its rows are in docs/evidence.md (commit 021ba74 scores them).
+#: Cue trust off was deleted too (issue 37); its row is in docs/evidence.md (commit 9c1a6fd scores it).
 CANDIDATES: list[tuple[str, dict[str, Any]]] = [
     ("centred, cue trust: the default", {}),
-    ("centred, no cue trust", {"cue_trust": False}),
     ("max(own, 0.9 x best cue)", {"scoring": "max"}),
     # what one multivector point per fact (its text and its cues) scores under MaxSim: the best of them
     ("MaxSim over the fact and its cues (one multivector point)", {"scoring": "max", "cue_weight": 1.0}),

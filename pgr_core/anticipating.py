@@ -197,15 +197,17 @@ class Anticipating(AddsOneFact, Store):
       behind its sum (``Hit.raw``: own plus best cue), window neighbours step down from that, and
       ``PGR`` does not centre them again. τ still reads a cosine: a fact is kept when its own
       similarity, or ``cue_weight`` × a cue's, reaches it.
-    - ``cue_trust``: under ``scoring="centred"``, the cue term is weighted by how far the scope's cues
-      point at their own fact rather than at another fact of the session they were written in
+    - cue trust, always on under ``scoring="centred"``: the cue term is weighted by how far the scope's
+      cues point at their own fact rather than at another fact of the session they were written in
       (:mod:`pgr_core.cue_trust`, no LLM, one figure per scope kept until a write there): in full
       where they do (MQ-lite), at :data:`~pgr_core.cue_trust.TRUST_FLOOR` (0.2) where they tell their
       facts apart no better than chance (LoCoMo's chat turns with the local model: a misfiled cue still
       speaks of its session's subject); a fact alone in its session keeps its cue term in full (its
       cues were written with no other fact beside it).
       A fact's score is ``2 / (1 + w) x (own term + w x cue term)`` for a cue weight ``w``: the sum
-      above at ``w = 1``, twice its own term at ``w = 0``. ``False``: always in full.
+      above at ``w = 1``, twice its own term at ``w = 0``. Every cue term in full, the option deleted,
+      read 0.509 against 0.515 at recall@20 on LoCoMo conv-30 with the local model's cues and the same
+      on MQ-lite with a capable model's (benchmarks/RESULTS.md, "Cue trust"; docs/evidence.md).
     - typicality, under ``scoring="centred"``: a fact's is its cosine to the mean of the scope's facts, a
       cue's to the mean of the scope's cues (pgr's centring, CSLS's correction with the whole memory as
       the neighbourhood). Chosen by leave one user out on MQ-lite dev with a capable model's cues over
@@ -222,7 +224,6 @@ class Anticipating(AddsOneFact, Store):
         cue_weight: float = DEFAULT_CUE_WEIGHT,
         writer: CueWriter | None = None,
         scoring: str = AUTO,
-        cue_trust: bool = True,
     ) -> None:
         if not isinstance(store, Store):
             raise InvalidArgumentError(f"Anticipating wraps a pgr Store, got {type(store).__name__}")
@@ -259,8 +260,7 @@ class Anticipating(AddsOneFact, Store):
         if scoring == "centred":
             embedder = getattr(store, "embedder", None)
             self._centres = (MemoryCentre(store, embedder), MemoryCentre(self.cues, embedder))
-            if cue_trust:
-                self._trust = CueTrust(store, self.cues, embedder, self._cue_records)
+            self._trust = CueTrust(store, self.cues, embedder, self._cue_records)
 
     @staticmethod
     def _cue_index(store: Store, cues: Store | str | Path | None) -> Store:
@@ -293,7 +293,7 @@ class Anticipating(AddsOneFact, Store):
 
     @property
     def judges_cues(self) -> bool:
-        """Whether the cue term is weighted by each scope's cue trust (``scoring="centred"``, ``cue_trust=True``)."""
+        """Whether the cue term is weighted by each scope's cue trust (under ``scoring="centred"``)."""
         return self._trust is not None
 
     @property

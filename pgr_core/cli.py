@@ -529,8 +529,9 @@ def _cue_options(writer: str, args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"cues": writer, "cue_weight": args.cue_weight}
     if args.cue_scoring != "max":
         options["cue_scoring"] = args.cue_scoring
-        # the centred rule's cue term weighted by each user's cue trust (records from before it are not reused)
-        options["cue_trust"] = bool(args.cue_trust)
+        # the centred rule's cue term is weighted by each user's cue trust, always now: the mark keeps
+        # records from before it, and from the deleted --no-cue-trust, from being reused
+        options["cue_trust"] = True
     return options
 
 
@@ -577,7 +578,6 @@ def _run_eval(
             writer,
             cue_weight=args.cue_weight,
             scoring=args.cue_scoring,
-            cue_trust=args.cue_trust,
             retry_failed=args.cue_retry,
             log=_say,
         )
@@ -749,13 +749,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="centred",
         help="how a fact's own and cue similarities combine (Anticipating's scoring; default centred, what "
         "scoring='auto' picks for the in-memory eval store)",
-    )
-    ev.add_argument(
-        "--no-cue-trust",
-        dest="cue_trust",
-        action="store_false",
-        help="under centred scoring, count every user's cue term in full, however mixed up their cues "
-        "are (by default it is weighted by how far the cues point at their own fact: pgr_core.cue_trust)",
     )
     from .cli_write import cue_options
 

@@ -29,11 +29,13 @@ class PGRConfig:
     - ``query_only_k``: K of the query-only baseline (20).
     - ``window``: temporal window w (±w turns around each hit, for stores that keep turn order).
     - ``max_facts``: cut R* to this many facts, neighbours included (None: keep all).
-    - ``neighbour_decay``: γ, what a window neighbour earns (0.8): one ``d`` turns from its anchor scores
-      γ^d x the anchor's score and takes its place in the probe's list by that score, so it displaces a
-      direct hit only when it outscores it (see :func:`pgr_core.ranking.earned_order`). ``None``: every
-      neighbour rides right behind its anchor, whatever the anchor's rank (the order before 0.8 was
-      measured: on LoCoMo it lost to query-only at 20 facts; see benchmarks/RESULTS.md).
+    - ``neighbour_decay``: γ, what a window neighbour earns (0.8, a number in (0, 1]): one ``d`` turns
+      from its anchor scores γ^d x the anchor's score and takes its place in the probe's list by that
+      score, so it displaces a direct hit only when it outscores it (see
+      :func:`pgr_core.ranking.earned_order`). 0.8 was best or level at ±1 on MQ-lite turns, PrefEval
+      and LoCoMo among 0.7 to 1.0; the order before, every neighbour right behind its anchor, read below
+      it at ±1 on all three (LoCoMo recall@20 0.524 against 0.560) and was deleted
+      (benchmarks/RESULTS.md, "Window neighbours earn their slot").
     - ``query_top_k``: K of the query's own probe in Phase 1 (20, the baseline's K, so the query's
       list can fill its share of any budget up to 40; the paper probes every text with K = 5).
     - ``ranking``: how R* is ordered for a budget (see :mod:`pgr_core.ranking`): ``"llm"`` (the
@@ -58,10 +60,11 @@ class PGRConfig:
       embedder; where it cannot, the call runs uncentred and its trace says why. ``query_only()``
       is never centred: it is the baseline.
     - ``centring_depth``: how many candidates per probe the centred order is taken from (100).
-    - ``intent_probe``: Phase 1 also probes with q_A, the request as augmentation restated it from the
-      records it found (on), read like the request (``query_top_k``, no floor); the query's share of R*
-      then holds each fact at its best score over the two lists. With the local 1.5B model q_A found
-      more than the request alone, and more than its steps (see benchmarks/RESULTS.md).
+    - Not options: with an LLM, augmentation (the paper's step 0: the LLM restates the request as q_A
+      from the records it found) always runs, and Phase 1 always probes q_A beside the request, read
+      like it (``query_top_k``, no floor); the query's share of R* holds each fact at its best score
+      over the two lists. Probing q_A gained about +0.03 at 20 facts with the local 1.5B model's steps
+      (benchmarks/RESULTS.md, "q_A as a probe").
     - ``budget``: the :class:`Budget` every call runs under (LLM calls, tokens, deadline; no cap by
       default). A call's own ``budget=`` can only tighten it.
 
@@ -92,15 +95,13 @@ class PGRConfig:
     query_only_k: int = 20
     window: int = 0
     max_facts: int | None = None
-    neighbour_decay: float | None = 0.8
+    neighbour_decay: float = 0.8
     query_top_k: int = 20
     ranking: str = "llm"
     query_share: float = 0.25
     answer_context_tokens: int = 1500
     centring: float | None = 1.0
-    intent_probe: bool = True
     centring_depth: int = 100
-    augment: bool = True
     hygiene: Hygiene = field(default_factory=Hygiene)
     budget: Budget = field(default_factory=Budget)
     embedding_cache: bool = True
@@ -114,7 +115,7 @@ class PGRConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", Budget.coerce(self.budget) or Budget())
-        for name in ("augment", "embedding_cache", "phase1_reuse", "intent_probe"):
+        for name in ("embedding_cache", "phase1_reuse"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgumentError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.adaptive not in ADAPTIVE_MODES:
@@ -142,8 +143,13 @@ class PGRConfig:
         if self.max_facts is not None and (not isinstance(self.max_facts, int) or self.max_facts < 1):
             raise InvalidArgumentError(f"max_facts must be None or an integer >= 1, got {self.max_facts!r}")
         g = self.neighbour_decay
-        if g is not None and (isinstance(g, bool) or not isinstance(g, int | float) or not 0.0 < g <= 1.0):
-            raise InvalidArgumentError(f"neighbour_decay must be None or a number in (0, 1], got {g!r}")
+        if g is None:
+            raise InvalidArgumentError(
+                "neighbour_decay must be a number in (0, 1], got None (None, every neighbour right behind "
+                "its anchor, lost to the earned order and was deleted)"
+            )
+        if isinstance(g, bool) or not isinstance(g, int | float) or not 0.0 < g <= 1.0:
+            raise InvalidArgumentError(f"neighbour_decay must be a number in (0, 1], got {g!r}")
         if self.ranking not in RANKINGS:
             raise InvalidArgumentError(f"ranking must be one of {', '.join(map(repr, RANKINGS))}, got {self.ranking!r}")
         q = self.query_share

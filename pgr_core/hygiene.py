@@ -24,10 +24,9 @@ class Hygiene:
     - ``max_probes``: at most this many step probes per round.
     - ``echo_threshold``: a step whose cosine to the query reaches this only repeats the query.
     - ``duplicate_threshold``: a step this close to an earlier probe (this round or before) is dropped.
-    - ``strip_query_words``: remove the query's own lower-case words (4+ letters) from each probe, so a
-      step like "find a soccer league near work" probes "find a near work": the query's words dominate
-      an embedding, and the query has been probed already. Names (capitalised words) stay.
-    Without an embedder, word-set overlap (Jaccard) stands in for cosine.
+    Without an embedder, word-set overlap (Jaccard) stands in for cosine. A probe keeps the query's own
+    words: stripping them from the 1.5B model's steps found no more relevant turns (7 in all, as
+    without it; benchmarks/RESULTS.md), and that option was deleted.
     """
 
     max_words: int = 32
@@ -35,7 +34,6 @@ class Hygiene:
     max_probes: int = 8
     echo_threshold: float = 0.9
     duplicate_threshold: float = 0.9
-    strip_query_words: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_words", "max_chars", "max_probes"):
@@ -46,18 +44,6 @@ class Hygiene:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
                 raise InvalidArgumentError(f"Hygiene.{name} must be a number in [0, 1], got {value!r}")
-
-
-def _stem(word: str) -> str:
-    word = word.lower().removesuffix("'s")
-    return word[:-1] if word.endswith("s") and len(word) > 4 else word
-
-
-def strip_words(text: str, query: str) -> str:
-    """``text`` without the query's lower-case content words (names and short words kept)."""
-    banned = {_stem(w) for w in _WORD.findall(query) if len(w) >= 4 and not w[0].isupper()}
-    kept = [w for w in text.split() if _stem(w.strip(".,;:!?()\"'")) not in banned]
-    return " ".join(kept)
 
 
 def normal_words(text: str) -> str:
@@ -83,16 +69,16 @@ def clean_steps(
     """Keep the steps whose text is a usable probe; say why each other one was dropped.
 
     ``earlier`` holds the probes already sent (earlier rounds and the query's own). Each kept step's
-    ``probe`` is set: its text, query words stripped when asked, cut to ``rules.max_words`` words and
+    ``probe`` is set: its text, cut to ``rules.max_words`` words and
     ``rules.max_chars`` characters. When the embedder fails, similarity falls back to word overlap
     (Jaccard) and the failure is recorded in ``into.hygiene_fallback`` (the round being cleaned).
     """
     dropped: list[DroppedProbe] = []
     candidates: list[Step] = []
     for step in steps:
-        step.probe = strip_words(step.text, query) if rules.strip_query_words else step.text
+        step.probe = step.text
         words = step.probe.split()
-        if not normal_words(step.probe) or (rules.strip_query_words and not any(len(w) >= 4 for w in words)):
+        if not normal_words(step.probe):
             dropped.append(DroppedProbe(step.text, "empty"))
             step.probe = None
             continue

@@ -409,7 +409,7 @@ class PGR(Savings, Drivers):
         if reused is not None:
             p.intent = reused.intent
             p.trace.reused_phase1_from, p.trace.reused_similarity = reused.query, round(reused.similarity, 6)
-        elif self.prospector.requires_llm and cfg.augment and not p.trace.degraded:
+        elif self.prospector.requires_llm and not p.trace.degraded:
             p.ask_answered = cfg.adaptive == "llm"
             p.intent = yield from self._augment(p, lookup[1] if lookup is not None else None)
         if cfg.adaptive == "llm":
@@ -494,7 +494,7 @@ class PGR(Savings, Drivers):
             cfg = self.config
             # q_A, the request restated with what augmentation found, probes beside the request itself
             asked = [Probe(p.query, "query")]
-            if cfg.intent_probe and normal_words(p.intent) != normal_words(p.query):
+            if normal_words(p.intent) != normal_words(p.query):
                 asked.append(Probe(p.intent, "intent"))
             probes = [*asked, *self._accept(p, rnd, steps)]
             # One store call: ask for the larger K and the lower floor, then cut each list back to its
@@ -689,7 +689,8 @@ class PGR(Savings, Drivers):
     ) -> Flow:
         """One store call for the whole round; fold the hits into R (when ``count``).
 
-        ``limits`` cuts each probe's list to its own (K, τ); neighbours follow their anchor. Centred
+        ``limits`` cuts each probe's list to its own (K, τ), a neighbour kept with its anchor; each
+        neighbour then earns its place (:func:`~pgr_core.ranking.earned_order`, ``neighbour_decay``). Centred
         (``centre`` and ``PGRConfig.centring``), each probe reads ``centring_depth`` candidates and is cut
         to its (K, τ) by centred score (:func:`pgr_core.centring.centred`)."""
         cfg = self.config
@@ -733,13 +734,12 @@ class PGR(Savings, Drivers):
             ]
         if raw is None and self.store_centres:  # the similarities the store's centred scores came from
             raw = {h.key: h.raw for hits in hit_lists for h in hits if h.raw is not None}
-        decay = self.config.neighbour_decay
-        if decay is not None:  # a window neighbour earns its place in the probe's list (ranking.earned_order)
-            hit_lists = [earned_order(h, decay, raw) if any(x.neighbour_of for x in h) else h for h in hit_lists]
+        decay = self.config.neighbour_decay  # a window neighbour earns its place in the probe's list
+        hit_lists = [earned_order(h, decay, raw) if any(x.neighbour_of for x in h) else h for h in hit_lists]
         for probe, hits in zip(probes, hit_lists, strict=True):
             probe.hits = [(h.key, round(h.score, 6)) for h in hits if h.neighbour_of is None]
             probe.neighbours = [h.key for h in hits if h.neighbour_of is not None]
-            if decay is not None and probe.neighbours:
+            if probe.neighbours:
                 probe.order = [h.key for h in hits]
             if count:
                 self._merge(p, rnd, probe, hits)

@@ -9,8 +9,8 @@ chosen by ``PGRConfig.ranking``:
   own order echoed, unknown ids, fewer than ``min_chosen``) is ignored and the shared order used;
   the trace says why.
 - ``"shared"``: the budget is shared. Every prefix of R* gives the query's own list ``query_share``
-  of its slots (its hits in their order; with the restatement q_A probed too, PGRConfig.intent_probe,
-  each fact at its best score over the request's list and q_A's) and the step probes the rest,
+  of its slots (its hits in their order; with an LLM the restatement q_A is probed too, and each
+  fact is at its best score over the request's list and q_A's) and the step probes the rest,
   filled round-robin over the probes (every probe's best hit, then every probe's second...); a fact
   that several step probes returned moves up one round per extra probe, and goes first among its
   round. A fact both lists hold takes the first slot either gives it.
@@ -21,9 +21,8 @@ what an adaptive skip keeps, and how facts no pool ranked follow the rest).
 
 Window neighbours earn their places (``PGRConfig.neighbour_decay`` = γ, 0.8): in each probe's list a
 neighbour ``d`` turns from its anchor scores γ^d x the anchor's score and is ranked among the direct
-hits by that score (:func:`earned_order`), so the pools above hold it at its own rank. With
-``neighbour_decay=None`` neighbours ride with their anchor instead: placed right after it, in the
-anchor's pool's slots, whatever the anchor's rank.
+hits by that score (:func:`earned_order`), so the pools above hold it at its own rank. Under
+``"llm"`` a chosen fact still brings its window neighbours right behind it.
 """
 
 from __future__ import annotations
@@ -102,7 +101,6 @@ def fused_order(found: Mapping[str, FoundFact]) -> list[FoundFact]:
 class _Pools:
     query: list[str] = field(default_factory=list)  # the query's direct hits, in its order
     steps: list[str] = field(default_factory=list)  # step-found facts, in the shared order
-    neighbours: dict[str, list[str]] = field(default_factory=dict)  # anchor id -> its window neighbours
 
 
 def _query_pool(found: Mapping[str, FoundFact], probes: Sequence[Probe]) -> list[str]:
@@ -141,8 +139,8 @@ def _best_first(found: Mapping[str, FoundFact], keys: Iterable[tuple[str, tuple[
 
 
 def _led_by(ids: Iterable[str], neighbours: Mapping[str, Sequence[str]], found: Mapping[str, FoundFact]) -> list[str]:
-    """``ids`` in order, each followed by the window neighbours that ride with it; each fact of
-    ``found`` once."""
+    """``ids`` in order, each followed by its window neighbours (the chosen facts of ``"llm"``); each
+    fact of ``found`` once."""
     out: dict[str, None] = {}
     for fid in ids:
         for item in (fid, *neighbours.get(fid, ())):
@@ -174,9 +172,7 @@ def _pools(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> _Pools:
         rank, order = min(step_hits[fid])
         return (rank - (len(step_hits[fid]) - 1), -len(step_hits[fid]), rank, order)
 
-    pools.steps = sorted(step_hits, key=key)
-    # neighbours that earned their places are in the lists already; the others ride with their anchor
-    pools.neighbours = {} if any(pr.order for pr in probes) else _neighbours(found)
+    pools.steps = sorted(step_hits, key=key)  # window neighbours are in the lists, at their earned ranks
     return pools
 
 
@@ -186,8 +182,8 @@ def _ranked_ids(probe: Probe) -> list[str]:
 
 
 def _neighbours(found: Mapping[str, FoundFact]) -> dict[str, list[str]]:
-    """Anchor id -> the facts its window brought in (a direct hit too: it then follows the anchor when
-    the anchor comes first, as a neighbour would; the query-only list does the same)."""
+    """Anchor id -> the facts its window brought in (a direct hit too: it then follows a chosen anchor,
+    as a neighbour would; the query-only list does the same)."""
     out: dict[str, list[str]] = {}
     for fid, f in found.items():
         for anchor in f.beside:
@@ -204,41 +200,37 @@ def shared_order(found: Mapping[str, FoundFact], probes: Iterable[Probe], query_
     cursor = {"query": 0, "steps": 0}
     lists = {"query": pools.query, "steps": pools.steps}
 
-    def next_of(pool: str) -> list[str] | None:
-        """The pool's next hit with its window, less what is placed; a hit placed already (as another's
-        neighbour, or by the other pool) still brings its own neighbours when its turn comes."""
+    def next_of(pool: str) -> str | None:
+        """The pool's next fact not placed yet (the other pool may have placed it)."""
         items = lists[pool]
         while cursor[pool] < len(items):
             fid = items[cursor[pool]]
             cursor[pool] += 1
-            group = [i for i in dict.fromkeys((fid, *pools.neighbours.get(fid, ()))) if i not in placed]
-            if group:
-                return group
+            if fid not in placed:
+                return fid
         return None
 
     while True:
         # the query's turn while it holds less than its share of the slots filled so far (and the next)
         want = "query" if taken["query"] < math.ceil(query_share * (len(out) + 1) - 1e-9) else "steps"
         other = "steps" if want == "query" else "query"
-        group = next_of(want)
+        fid = next_of(want)
         pool = want
-        if group is None:
-            group, pool = next_of(other), other
-        if group is None:
+        if fid is None:
+            fid, pool = next_of(other), other
+        if fid is None:
             break
-        for item in group:
-            placed.add(item)
-            out.append(item)
-            taken[pool] += 1
+        placed.add(fid)
+        out.append(fid)
+        taken[pool] += 1
     rest = [f for f in fused_order(found) if f.key not in placed]
     return [found[i] for i in out] + rest
 
 
-def _with_the_rest(found: Mapping[str, FoundFact], probes: Sequence[Probe], ids: Iterable[str]) -> list[FoundFact]:
-    """``ids`` in order, each with the window neighbours that ride with it (none when the probes' lists
-    rank their neighbours themselves), then the facts no probe ranked, by fused rank."""
-    neighbours = {} if any(pr.order for pr in probes) else _neighbours(found)
-    out = _led_by(ids, neighbours, found)
+def _with_the_rest(found: Mapping[str, FoundFact], ids: Iterable[str]) -> list[FoundFact]:
+    """``ids`` in order (window neighbours are among them, at their earned ranks), then the facts no
+    probe ranked, by fused rank."""
+    out = [fid for fid in dict.fromkeys(ids) if fid in found]
     placed = set(out)
     return [found[i] for i in out] + [f for f in fused_order(found) if f.key not in placed]
 
@@ -247,9 +239,8 @@ def summed_order(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> lis
     """Each fact at the sum of its scores over the probes; a probe that did not read a fact gives it
     the lowest score it read (so a fact one probe missed is not ranked as if it scored zero there).
     Ties go to the request's own order. A window neighbour takes the score of the hit before it in each
-    list; one that rides with its anchor (``neighbour_decay=None``) follows
-    it. Facts no probe ranked follow by fused rank. The ``"feedback"`` strategy's order, where the
-    scores are centred, so they add up across probes.
+    list, as it was ranked there (:func:`earned_order`). Facts no probe ranked follow by fused rank. The
+    ``"feedback"`` strategy's order, where the scores are centred, so they add up across probes.
 
     >>> from pgr_core.types import Fact, Scope
     >>> found = {i: FoundFact(Fact(i, i, Scope(user_id="u")), 0.0, 0.0, 1, "q") for i in "abcd"}
@@ -272,7 +263,7 @@ def summed_order(found: Mapping[str, FoundFact], probes: Iterable[Probe]) -> lis
     ids = {fid for scores in lists for fid in scores if fid in found}
     totals = {fid: sum(scores.get(fid, low) for scores, low in zip(lists, lowest, strict=True)) for fid in ids}
     ordered = sorted(totals, key=lambda fid: (-totals[fid], request_rank.get(fid, math.inf)))
-    return _with_the_rest(found, probes, ordered)
+    return _with_the_rest(found, ordered)
 
 
 @dataclass

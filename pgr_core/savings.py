@@ -96,7 +96,9 @@ class Savings:
         if reused is not None:
             return Adaptive("llm", False, "a near-identical query's Phase 1 was reused (no augmentation call)", top)
         if not p.ask_answered:
-            return Adaptive("llm", False, "no augmentation call to ask (LLM-free prospector or augment=False)", top)
+            return Adaptive(
+                "llm", False, "no augmentation call to ask (LLM-free prospector, or a failure before it)", top
+            )
         if p.answered is None:
             return Adaptive("llm", False, "the augmentation call gave no verdict", top)
         if not p.answered:

@@ -60,8 +60,8 @@ class Probe:
     step_id: str | None = None
     hits: list[tuple[str, float]] = field(default_factory=list)  # (fact id, score), direct hits
     neighbours: list[str] = field(default_factory=list)  # fact ids the window brought in
-    order: list[str] = field(default_factory=list)  # hits and neighbours as ranked, when neighbours earn
-    # their places (PGRConfig.neighbour_decay); empty: the hits' order, each anchor's neighbours behind it
+    order: list[str] = field(default_factory=list)  # hits and neighbours as ranked, each neighbour at the
+    # place it earned (PGRConfig.neighbour_decay); empty when the window brought none: the hits' order
 
 
 @dataclass

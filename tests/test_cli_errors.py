@@ -73,11 +73,11 @@ def test_bad_set_options_are_one_line(
 
 
 def test_set_options_parse_json_and_plain_words() -> None:
-    assert parse_set_options(["delta=3", "ranking=llm", "query_share=0.5", "augment=false"]) == {
+    assert parse_set_options(["delta=3", "ranking=llm", "query_share=0.5", "phase1_reuse=true"]) == {
         "delta": 3,
         "ranking": "llm",
         "query_share": 0.5,
-        "augment": False,
+        "phase1_reuse": True,
     }
     with pytest.raises(InvalidArgumentError, match="ranking must be one of"):
         parse_set_options(["ranking=best"])
@@ -86,6 +86,11 @@ def test_set_options_parse_json_and_plain_words() -> None:
         parse_set_options(["query_share=-0.1"])
     with pytest.raises(InvalidArgumentError, match="ranking must be one of"):
         parse_set_options(["ranking=scored"])  # measured and deleted
+    for deleted in ("augment=false", "intent_probe=false"):  # options whose other setting lost
+        with pytest.raises(InvalidArgumentError, match="is not a PGR option"):
+            parse_set_options([deleted])
+    with pytest.raises(InvalidArgumentError, match="neighbour_decay must be a number in"):
+        parse_set_options(["neighbour_decay=null"])
 
 
 def test_locomo_loader_on_a_jsonl_file_says_which_command(tiny_set: Path, capsys: pytest.CaptureFixture[str]) -> None:

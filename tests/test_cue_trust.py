@@ -57,10 +57,10 @@ def rotated(facts: list[Fact]) -> dict[str, list[str]]:
     return out
 
 
-def wrapped(*, cue_trust_on: bool = True) -> tuple[Anticipating, InMemoryStore]:
+def wrapped() -> tuple[Anticipating, InMemoryStore]:
     inner = InMemoryStore(embedder=HashingEmbedder(dim=1024))
     inner.add_facts([*user_facts(U1), *user_facts(U2)])
-    return Anticipating(inner, scoring="centred", cue_trust=cue_trust_on), inner
+    return Anticipating(inner, scoring="centred"), inner
 
 
 def test_the_module_examples_hold() -> None:
@@ -114,17 +114,21 @@ def mixed_up() -> tuple[list[Fact], Fact, Fact, str, SearchParams]:
     return facts, target, neighbour, own_cues(target)[0], SearchParams(top_k=5, min_score=0.0)
 
 
-def test_cues_that_read_as_a_neighbours_count_at_the_floor_only() -> None:
+def test_cues_that_read_as_a_neighbours_count_at_the_floor_only(monkeypatch: pytest.MonkeyPatch) -> None:
     facts, target, neighbour, probe, params = mixed_up()
-    blind, _ = wrapped(cue_trust_on=False)
-    blind.put_cues(rotated(facts), facts)
+    # the blind rule: the same cues with too few judged (MIN_JUDGED beyond them all), so they count in full
+    with monkeypatch.context() as patched:
+        patched.setattr(cue_trust, "MIN_JUDGED", 10**6)
+        blind, _ = wrapped()
+        blind.put_cues(rotated(facts), facts)
+        assert blind.cue_alignment(U1).cue_weight == 1.0
+        blind_hits = blind.search_batch([probe], scope=U1, params=params)[0]
     trusting, _ = wrapped()
     trusting.put_cues(rotated(facts), facts)
     found = trusting.cue_alignment(U1)
     assert found.judged == len(facts) and found.aligned == 0 and found.trust == 0.0
     assert found.cue_weight == pytest.approx(TRUST_FLOOR) and found.weight(facts[0].id) == found.cue_weight
     assert found.to_dict()["cue_weight"] == round(TRUST_FLOOR, 3)
-    blind_hits = blind.search_batch([probe], scope=U1, params=params)[0]
     hits = trusting.search_batch([probe], scope=U1, params=params)[0]
     # the blind rule lifts the neighbour that holds the target's cues to second, ahead of every other fact
     assert [h.fact.id for h in blind_hits[:2]] == [target.id, neighbour.id]
@@ -183,14 +187,17 @@ def test_too_few_cue_sets_to_judge_keep_the_cues_in_full() -> None:
     assert found.trust == 1.0
 
 
-def test_cue_trust_off_and_the_max_rule_judge_nothing() -> None:
-    store, _ = wrapped(cue_trust_on=False)
+def test_the_centred_rule_always_judges_and_the_max_rule_judges_nothing() -> None:
+    assert wrapped()[0].judges_cues
+    inner = InMemoryStore(embedder=HashingEmbedder())
+    inner.add_facts(user_facts(U1))
+    store = Anticipating(inner, scoring="max")
     facts = user_facts(U1)
     store.put_cues(rotated(facts), facts)
-    assert not store.judges_cues and wrapped()[0].judges_cues
-    assert store.cue_alignment(U1) == Alignment()
-    inner = InMemoryStore(embedder=HashingEmbedder())
-    assert Anticipating(inner, scoring="max").cue_alignment(U1).trust == 1.0
+    assert not store.judges_cues
+    assert store.cue_alignment(U1) == Alignment() and store.cue_alignment(U1).trust == 1.0
+    with pytest.raises(TypeError, match="cue_trust"):  # trust off lost and was deleted
+        Anticipating(InMemoryStore(embedder=HashingEmbedder()), cue_trust=False)  # type: ignore[call-arg]
 
 
 def test_an_edge_store_and_its_cue_index_are_judged_from_their_own_vectors(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Window neighbours earn their slot (issue 10): a neighbour d turns from its anchor scores γ^d x the
 anchor's score and is ranked among the direct hits by it, so it displaces a direct hit only when it
-outscores it; ``neighbour_decay=None`` keeps the old order (every neighbour right behind its anchor)."""
+outscores it. The old order (``neighbour_decay=None``: every neighbour right behind its anchor) lost
+and was deleted; None is refused."""
 
 from __future__ import annotations
 
@@ -91,9 +92,6 @@ def test_a_neighbour_displaces_a_direct_hit_only_when_it_outscores_it() -> None:
     # t1's neighbours earn 0.8 x 0.9 = 0.72: below d1 (0.85), above d2 (0.6)
     assert PGR(store, window=1).query_only("q", scope=U, top_k=2).ids == ["t1", "d1"]
     assert PGR(store, window=1).query_only("q", scope=U, top_k=4).ids == ["t1", "d1", "t0", "t2"]
-    # glued, they ride right behind t1 and push d1 out of two slots
-    assert PGR(store, window=1, neighbour_decay=None).query_only("q", scope=U, top_k=2).ids == ["t1", "t0"]
-    assert PGR(store, window=1, neighbour_decay=None).query_only("q", scope=U, top_k=4).ids == ["t1", "t0", "t2", "d1"]
 
 
 def test_retrieve_ranks_r_star_by_the_earned_order_and_the_trace_keeps_it() -> None:
@@ -104,23 +102,23 @@ def test_retrieve_ranks_r_star_by_the_earned_order_and_the_trace_keeps_it() -> N
     assert probe.order == ["t1", "d1", "t0", "t2", "d2", "t6", "t5", "t7"]
     assert [fid for fid, _ in probe.hits] == ["t1", "d1", "d2", "t6"]
     assert set(probe.neighbours) == {"t0", "t2", "t5", "t7"}
-    glued = PGR(store, window=1, query_top_k=4, neighbour_decay=None, centring=None).retrieve("q", scope=U)
-    assert glued.ids[:8] == ["t1", "t0", "t2", "d1", "d2", "t6", "t5", "t7"]
-    assert glued.trace.rounds[0].probes[0].order == []  # glued: the trace keeps the hits' order only
 
 
-def test_shared_order_uses_a_probes_earned_order_and_does_not_glue() -> None:
+def test_shared_order_uses_a_probes_earned_order() -> None:
     found = {i: FoundFact(Fact(id=i, text=i, scope=U), 0.5, 0.0, 1, "p") for i in ["q1", "q2", "a1", "n"]}
     found["n"].via, found["n"].beside = "neighbour", ["q1"]
     query = Probe(text="q", source="query", hits=[("q1", 0.9), ("q2", 0.8)], neighbours=["n"], order=["q1", "q2", "n"])
     step = Probe(text="s", source="step", hits=[("a1", 0.5)])
     # earned: n ranked third in the query's list, so it takes the query's third slot, not the second
     assert [f.id for f in shared_order(found, [query, step], 0.75)] == ["q1", "q2", "n", "a1"]
-    query.order = []  # glued: n rides right behind its anchor
-    assert [f.id for f in shared_order(found, [query, step], 0.75)] == ["q1", "n", "q2", "a1"]
 
 
-@pytest.mark.parametrize("bad", [0, 0.0, -0.5, 1.5, True, "0.8"])
+@pytest.mark.parametrize("bad", [None, 0, 0.0, -0.5, 1.5, True, "0.8"])
 def test_neighbour_decay_is_checked(bad: object) -> None:
-    with pytest.raises(InvalidArgumentError, match="neighbour_decay must be None or a number in"):
+    with pytest.raises(InvalidArgumentError, match=r"neighbour_decay must be a number in \(0, 1\]"):
         PGR(InMemoryStore(), neighbour_decay=bad)  # type: ignore[arg-type]
+
+
+def test_none_for_neighbour_decay_says_the_old_order_was_deleted() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"got None .*deleted"):
+        PGR(InMemoryStore(), neighbour_decay=None)  # type: ignore[arg-type]

@@ -159,12 +159,11 @@ def test_shared_order_by_hand() -> None:
     assert [f.id for f in shared_order(found, probes, 0.0)][:4] == ["x", "a1", "b1", "a2"]
 
 
-def test_shared_order_a_fact_both_lists_hold_takes_the_first_slot_and_neighbours_follow_their_anchor() -> None:
+def test_shared_order_a_fact_both_lists_hold_takes_the_first_slot() -> None:
     found = {i: _found(i) for i in ["q1", "q2", "a1"]}
-    found["q1:n"] = _found("q1:n", via="neighbour", anchor="q1")
     probes = [_probe("query", ["q1", "q2"]), _probe("step", ["q1", "a1"])]
     order = [f.id for f in shared_order(found, probes, 0.5)]
-    assert order == ["q1", "q1:n", "a1", "q2"]  # q1 placed once; its neighbour rides in the query's slots
+    assert order == ["q1", "a1", "q2"]  # q1 placed once, by the query's slot; the steps' turn takes a1
 
 
 def test_fused_order_by_hand() -> None:
@@ -176,6 +175,15 @@ def test_llm_order_puts_the_chosen_first_then_the_shared_order() -> None:
     found = {i: _found(i) for i in ["q1", "q2", "a1"]}
     probes = [_probe("query", ["q1", "q2"]), _probe("step", ["a1"])]
     assert [f.id for f in llm_order(found, probes, 0.5, ["q2", "a1"])] == ["q2", "a1", "q1"]
+
+
+def test_llm_order_a_chosen_fact_brings_its_window_neighbours() -> None:
+    found = {i: _found(i) for i in ["q1", "q2", "a1"]}
+    found["n"] = _found("n", via="neighbour", anchor="q2")
+    query = Probe(text="q", source="query", hits=[("q1", 0.9), ("q2", 0.8)], neighbours=["n"], order=["q1", "q2", "n"])
+    probes = [query, _probe("step", ["a1"])]
+    assert [f.id for f in shared_order(found, probes, 0.5)] == ["q1", "a1", "q2", "n"]  # n at its earned rank
+    assert [f.id for f in llm_order(found, probes, 0.5, ["q2", "a1"])] == ["q2", "n", "a1", "q1"]
 
 
 @pytest.mark.parametrize(
@@ -280,17 +288,6 @@ def test_revision_reads_the_prompts_labels_and_repeated_words_as_the_plans_steps
     assert "- id s1: " in llm.calls[2].prompt and 'step="s2"' in llm.calls[2].prompt
 
 
-def test_a_hit_placed_as_a_neighbour_still_brings_its_own_neighbours_on_its_turn() -> None:
-    # window 1 over turns t1 t2 t3 t4: the query hits t2 (rank 0), then x, then t3 (rank 2); t3 came in
-    # beside t2 already, and t4 (beside t3 only) follows where t3's own turn comes, as in query-only
-    found = {i: _found(i) for i in ["t2", "x", "t3"]}
-    found["t3"].beside = ["t2"]
-    found["t1"] = _found("t1", via="neighbour", anchor="t2")
-    found["t4"] = _found("t4", via="neighbour", anchor="t3")
-    order = [f.id for f in shared_order(found, [_probe("query", ["t2", "x", "t3"])], 1.0)]
-    assert order == ["t2", "t3", "t1", "x", "t4"]
-
-
 def test_phase_1_sees_the_records_augmentation_saw_and_none_is_said_when_there_are_none() -> None:
     store = far_store()
     llm = scripted()
@@ -340,11 +337,18 @@ def test_phase_1_probes_the_restatement_and_what_only_it_finds_reaches_top_20() 
     initial = next(r for r in result.trace.rounds if r.phase == "initial")
     assert [(p.source, p.text) for p in initial.probes[:2]] == [("query", QUERY), ("intent", restated)]
     assert "deadline" in {f.id for f in result.top(20)}
-    off = PGR(
-        store, llm=ScriptedLLM(handler=handler), strategy="tot", min_score=0.1, centring=None, intent_probe=False
-    ).retrieve(QUERY, scope=U)
-    assert all(p.source != "intent" for r in off.trace.rounds for p in r.probes)
-    assert "deadline" not in {f.id for f in off.top(20)}
+
+    def echoed(messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any] | None) -> Any:
+        if "intent" in (schema or {}).get("required", []):
+            return {"intent": QUERY}
+        return scripted().handler(messages, schema)  # type: ignore[union-attr]
+
+    # the same run with a restatement that only echoes the request: q_A is not probed, nor found the deadline
+    alone = PGR(store, llm=ScriptedLLM(handler=echoed), strategy="tot", min_score=0.1, centring=None).retrieve(
+        QUERY, scope=U
+    )
+    assert all(p.source != "intent" for r in alone.trace.rounds for p in r.probes)
+    assert "deadline" not in {f.id for f in alone.top(20)}
 
 
 def test_a_restatement_that_only_echoes_the_request_is_not_probed_twice() -> None:

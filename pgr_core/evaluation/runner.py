@@ -134,7 +134,6 @@ def with_cues(
     *,
     cue_weight: float,
     scoring: str = "auto",
-    cue_trust: bool = True,
     retry_failed: bool = False,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 ) -> tuple[Any, dict[str, Any]]:
@@ -145,7 +144,7 @@ def with_cues(
     retry temperature, as ``pgr cues build`` does); by default a rerun reuses the verdicts."""
     from ..anticipating import Anticipating, CueBuildReport
 
-    wrapped = Anticipating(store, cue_weight=cue_weight, scoring=scoring, cue_trust=cue_trust)
+    wrapped = Anticipating(store, cue_weight=cue_weight, scoring=scoring)
     writer.retry_failed = retry_failed
     owners = list(dict.fromkeys(f.scope for f in getattr(store, "facts", [])))
     total = CueBuildReport()
