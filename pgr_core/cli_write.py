@@ -212,6 +212,8 @@ def _ingest_run(
                 f"cues: {report.facts_cued} fact(s) cued, {report.facts_without_cues} left for `pgr cues build`; "
                 f"{report.cue_calls} LLM call(s), {report.cue_tokens} tokens ({per_fact} per fact)"
             )
+        for entry in report.without_facts[:20]:
+            print(f"  no fact: {entry['session']}: {entry['why']}")
         _print_without(report.cues_missing)
         for user, session, error in report.failed[:10]:
             print(f"  failed {user}/{session}: {error} (retried on the next run)")

@@ -59,3 +59,19 @@ def test_pgr_cues_show_lists_a_facts_cues_and_says_which_have_none(tmp_path: Pat
     assert shown["facts"] == [{"id": "f1", "text": KNEE.text, "cues": GOOD}]
     assert main([*base[:2], "nope", *base[2:]]) == 2
     assert "no fact 'nope'" in capsys.readouterr().err
+
+
+def test_an_extraction_that_stores_nothing_says_why() -> None:
+    from pgr_core import InMemoryStore
+    from pgr_core.write import Ingestor, Session, Turn
+
+    said = [Session("s1", "2025-03-02", [Turn("user", "Had knee surgery last week")])]
+    nothing = ScriptedLLM([{"facts": []}])
+    empty = Ingestor(InMemoryStore(embedder=HashingEmbedder()), llm=nothing).ingest(said, scope=MAYA)
+    assert empty.facts_added == 0 and empty.without_facts == [
+        {"session": "maya/s1", "why": "the model extracted no fact from it"}
+    ]
+    refused = ScriptedLLM([{"facts": [{"text": "", "type": "Event"}]}])
+    report = Ingestor(InMemoryStore(embedder=HashingEmbedder()), llm=refused).ingest(said, scope=MAYA)
+    assert "every fact the model extracted was refused" in report.without_facts[0]["why"]
+    assert "empty text" in report.without_facts[0]["why"]

@@ -90,6 +90,8 @@ class IngestReport:
     cue_seconds: float = 0.0
     #: per session, the facts left without cues and why: {"session", "facts": [ids], "why"}
     cues_missing: list[dict[str, Any]] = field(default_factory=list)
+    #: extracted sessions that gave no fact to store, and why: {"session", "why"}
+    without_facts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -319,6 +321,13 @@ class Ingestor:
         report.llm_calls += len(extraction.completions)
         report.facts_rejected += len(extraction.rejected)
         report.facts_cut += extraction.cut
+        if not extraction.facts:  # nothing to store: say why, rather than a silent 0
+            why = (
+                f"every fact the model extracted was refused ({'; '.join(extraction.rejected[:3])})"
+                if extraction.rejected
+                else "the model extracted no fact from it"
+            )
+            report.without_facts.append({"session": f"{scope_label(scope)}/{session.id}", "why": why})
         facts, added, updated = self._upsert(extraction, related, session, scope, kept or set())
         report.facts_added += added
         report.facts_updated += updated
