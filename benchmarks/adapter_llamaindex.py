@@ -7,7 +7,7 @@
 Builds a VectorStoreIndex (SimpleVectorStore, the default docstore) of synthetic facts: templates x
 names x places x topics, spread over users, in sessions of ordered turns linked by PREVIOUS/NEXT.
 Facts are embedded with MiniLM in batches up front and handed to LlamaIndex with their embeddings, so
-the index does not embed them again. Then PGR (facet strategy, no LLM) runs each query with its user's
+the index does not embed them again. Then PGR (feedback strategy, no LLM) runs each query with its user's
 scope, in up to three modes: ``sync`` (``retrieve``: one ``retrieve`` call per probe, in turn, each
 embedding its probe), ``async`` (``aretrieve``: the probes of a round run concurrently) and
 ``sync-batch`` (``batch_embed=True``: one embedding call per round, then one ``retrieve`` per probe
@@ -261,13 +261,13 @@ def main() -> int:
     print(f"indexed in {index_s:.1f}s", file=sys.stderr)
 
     store = CountingStore(index, cosine_scores=True, dates=True, embedder=embedder if args.hygiene_embedder else None)
-    pgr = PGR(store, strategy="facet", window=args.window)
+    pgr = PGR(store, strategy="feedback", window=args.window)
     queries = [(q, Scope(user_id=f"user{i % args.users}")) for i, q in enumerate(QUERIES[: args.queries])]
 
     print(f"LlamaIndex VectorStoreIndex (SimpleVectorStore) via RetrieverStore: {args.facts} facts, {args.users} users")
     cached = " (read from --vectors-cache)" if from_cache else ""
     print(f"MiniLM embedding {embed_s:.1f}s{cached}, index build {index_s:.1f}s")
-    print(f"PGR strategy=facet, window={args.window}, {len(queries)} queries, each scoped to its user\n")
+    print(f"PGR strategy=feedback, window={args.window}, {len(queries)} queries, each scoped to its user\n")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = set(modes) - {"sync", "async", "sync-batch"}
     if unknown:

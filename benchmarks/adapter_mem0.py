@@ -10,7 +10,7 @@ keyword arguments: facts of one user and one day go in one call. mem0 embeds eve
 when it adds, so the texts are embedded beforehand in batches of 256 by the same embedder and mem0's
 per-text ``embed`` is served from that (the vectors are identical; only the write phase is sped up).
 
-Each query runs ``PGR(store, strategy="facet")``. Spies count the store's ``search_batch`` calls per
+Each query runs ``PGR(store, strategy="feedback")``. Spies count the store's ``search_batch`` calls per
 round and what they cost in mem0: ``vector_store.search_batch``, ``embedding_model.embed_batch`` /
 ``embed`` and ``memory.search``. Path ``batch`` is the adapter's default on 2.x (one embedding batch and
 one vector search a round); path ``search`` calls ``memory.search`` once per probe, for comparison.
@@ -146,7 +146,7 @@ def run_paths(memory: Any, paths: list[str], queries: list[tuple[str, str]]) -> 
     for path in paths:
         store = Mem0Store(memory, search_path=path)
         tally.spy("store.search_batch", store, "search_batch")
-        pgrs[path] = PGR(store, strategy="facet")
+        pgrs[path] = PGR(store, strategy="feedback")
     seen: dict[str, dict[str, Any]] = {
         p: {"rounds": 0, "probes": 0, "round_s": [], "query_s": [], "facts": []} for p in paths
     }
@@ -206,7 +206,7 @@ def main() -> int:
     per_user = args.facts // len(USERS)
     print(
         f"\nmem0 Memory: {args.facts} facts ({len(USERS)} users, ~{per_user} each), Qdrant local :memory:, "
-        f"MiniLM, torch threads {args.threads}; {len(queries)} queries, PGR strategy=facet"
+        f"MiniLM, torch threads {args.threads}; {len(queries)} queries, PGR strategy=feedback"
     )
     for stats in run_paths(memory, [p.strip() for p in args.paths.split(",")], queries):
         print(f"\npath {stats['path']!r}: {stats['rounds']} rounds, {stats['probes_per_round']:.1f} probes a round")

@@ -5,7 +5,7 @@
 
 The facts (templates x names x topics, in sessions of ordered turns, 20 users) go into Qdrant local
 mode (``:memory:``) through ``QdrantStore.upsert_facts``, embedded with MiniLM in batches. Each query
-runs ``PGR(store, strategy="facet")``; spies count the store's ``search_batch`` calls and the client's
+runs ``PGR(store, strategy="feedback")``; spies count the store's ``search_batch`` calls and the client's
 ``query_batch_points`` and ``scroll`` calls. Qdrant local mode is brute force and evaluates payload
 filters in a Python loop over every point, so its times grow with the collection (slow past ~20k
 points) and say little about a Qdrant server, where the calls per round are what carries over.
@@ -72,7 +72,7 @@ def main() -> int:
 
     queries = [(QUERIES[i % len(QUERIES)], USERS[(i * 7) % len(USERS)]) for i in range(args.queries)]
     for window in [int(w) for w in args.windows.split(",")]:
-        pgr = PGR(store, strategy="facet", window=window)
+        pgr = PGR(store, strategy="feedback", window=window)
         pgr.retrieve("warm-up question about the weekend", scope=Scope(user_id="alice"))  # loads MiniLM
         for log in (search_log, qbp_log, scroll_log):
             log.clear()

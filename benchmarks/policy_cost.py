@@ -8,7 +8,7 @@ per query as the store grows.
 The facts are the synthetic multi-user memory of ``benchmarks/_synthetic.py`` (20 users, ordered turns).
 The LLM is an instant scripted stand-in (``pgr_core.testing.ScriptedLLM``): every reply is ready at
 once, so whatever time is not spent in the store is the policy's own (prompt building, probe hygiene,
-merging, ranking, trace). For each strategy (facet, CoT, ToT) and size it prints, per query:
+merging, ranking, trace). For each strategy (feedback, CoT, ToT) and size it prints, per query:
 
 - wall time; time inside ``store.search_batch``; time embedding probes (hygiene embeds each round's
   probes once, to refuse echoes and duplicates, and the store reuses those vectors from the shared
@@ -101,7 +101,7 @@ def instant_llm() -> ScriptedLLM:
 
 def measure(store: Store, timed_embedder: TimedEmbedder | None, strategy: str, queries: list[tuple[str, str]]) -> dict:
     spy = TimedStore(store, timed_embedder)
-    llm = None if strategy == "facet" else instant_llm()
+    llm = None if strategy in ("feedback", "none") else instant_llm()
     pgr = PGR(spy, llm=llm, strategy=strategy, embedder=timed_embedder)
     for user in USERS:  # warm every scope's row index and the embedder: measure steady state, not first use
         pgr.retrieve("a warm-up question about the weekend", scope=Scope(user_id=user))
@@ -162,7 +162,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--queries", type=int, default=20)
-    ap.add_argument("--strategies", default="facet,cot,tot")
+    ap.add_argument("--strategies", default="feedback,cot,tot")
     ap.add_argument("--embedder", choices=["hashing", "minilm"], default="hashing")
     ap.add_argument("--qdrant", action="store_true", help="also Qdrant local mode (slow past ~20k points)")
     args = ap.parse_args()

@@ -179,7 +179,7 @@ def measure(
 
 
 def baseline_recall(store: InMemoryStore, queries: list[tuple[str, str, Any]]) -> float:
-    pgr = PGR(store, strategy="facet")
+    pgr = PGR(store, strategy="none")
     return statistics.fmean(
         recall_at(pgr.query_only(text, scope=q.scope, date=q.date).ids, q.gold, 20, missing=q.missing)
         for _, text, q in queries

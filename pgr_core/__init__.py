@@ -31,7 +31,6 @@ from .memory import InMemoryStore
 from .policy import PGR, Answer, PGRConfig
 from .prospectors import (
     DIMENSIONS,
-    FacetProspector,
     FeedbackProspector,
     LLMProspector,
     NoProspection,
@@ -58,7 +57,6 @@ __all__ = [
     "DroppedProbe",
     "EdgeStore",
     "Embedder",
-    "FacetProspector",
     "Fact",
     "FeedbackProspector",
     "FoundFact",

@@ -396,7 +396,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--strategy",
-        choices=["tot", "cot", "facet", "feedback", "none"],
+        choices=["tot", "cot", "feedback", "none"],
         default=None,
         help="prospection (default: cot with an LLM; without one, feedback: one LLM-free round, the request "
         "joined to its first hits; none: the query's own list)",
@@ -693,9 +693,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", type=Path, required=True, help="the data set's file or folder")
     ev.add_argument(
         "--methods",
-        default="query-only,pgr-facet",
-        help="comma-separated: query-only, pgr-none, pgr-feedback, pgr-facet, pgr-cot, pgr-tot, query-fusion, hyde, "
-        "mem0; +wN adds a temporal window (e.g. query-only+w1)",
+        default="query-only,pgr-feedback",
+        help="comma-separated: query-only, pgr-none, pgr-feedback, pgr-cot, pgr-tot, query-fusion, hyde, mem0; "
+        "+wN adds a temporal window (e.g. query-only+w1)",
     )
     ev.add_argument("--limit", type=positive_int, default=None, help="the first N questions (after --every)")
     ev.add_argument("--every", type=positive_int, default=1, help="every k-th question: a spread sample")

@@ -559,7 +559,7 @@ def register(sub: Any) -> None:
     gl.add_argument("--batch", type=positive_int, default=4, help="training examples per step (4)")
     gl.add_argument("--candidates", type=positive_int, default=1, help="edited guidelines tried per step (1)")
     gl.add_argument("--rollouts", type=positive_int, default=2, help="rollouts per training example, to contrast (2)")
-    gl.add_argument("--retrieval", choices=["query-only", "pgr-facet", "pgr"], default="query-only")
+    gl.add_argument("--retrieval", choices=["query-only", "pgr"], default="query-only")
     gl.add_argument("--top-k", type=positive_int, default=10, help="facts given to the answerer (10)")
     gl.add_argument(
         "--free-form", action="store_true", help="answer in words and judge with the LLM, not multiple choice"

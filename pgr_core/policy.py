@@ -44,7 +44,6 @@ from .hygiene import clean_steps, normal_words
 from .llm import LLM
 from .prompts import render
 from .prospectors import (
-    FacetProspector,
     FeedbackProspector,
     LLMProspector,
     NoProspection,
@@ -119,18 +118,14 @@ def _strategy_prospector(strategy: str | Prospector | None, llm: LLM | None) -> 
         if llm is None:
             raise ConfigurationError(
                 f"strategy {strategy!r} needs an LLM: pass llm=OpenAICompatible(...), set PGR_LLM_BASE_URL, "
-                "or use strategy='facet' (no LLM)"
+                "or use strategy='feedback' (no LLM)"
             )
         return LLMProspector(strategy)
-    if strategy == "facet":
-        return FacetProspector()
     if strategy == "none":
         return NoProspection()
     if strategy == "feedback":
         return FeedbackProspector()
-    raise InvalidArgumentError(
-        f"unknown strategy {strategy!r}: use 'tot', 'cot', 'facet', 'feedback', 'none' or a Prospector"
-    )
+    raise InvalidArgumentError(f"unknown strategy {strategy!r}: use 'tot', 'cot', 'feedback', 'none' or a Prospector")
 
 
 def _renumbered(steps: Sequence[Step], round_index: int) -> list[Step]:
@@ -157,8 +152,8 @@ class PGR(Savings, Drivers):
     ...                       scope=Scope(user_id="u1"), date="2025-05-01")  # doctest: +SKIP
 
     ``strategy``: ``"tot"`` or ``"cot"`` (LLM), ``"feedback"`` (one LLM-free round: the request joined
-    to its first hits), ``"facet"`` (LLM-free probes), ``"none"`` (no prospection: the query's own
-    list), or a :class:`Prospector`. Left ``None``, it is :data:`LLM_STRATEGY` with an LLM and
+    to its first hits), ``"none"`` (no prospection: the query's own list), or a
+    :class:`Prospector`. Left ``None``, it is :data:`LLM_STRATEGY` with an LLM and
     :data:`NO_LLM_STRATEGY` (``"feedback"``) without, as measured in docs/evidence.md. Keyword
     arguments that name :class:`PGRConfig` fields override its defaults.
 

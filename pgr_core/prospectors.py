@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,7 +25,6 @@ from .types import Hit, Scope
 
 __all__ = [
     "DIMENSIONS",
-    "FacetProspector",
     "FeedbackProspector",
     "LLMProspector",
     "NoProspection",
@@ -732,123 +730,3 @@ class FeedbackProspector(NoProspection):
             round=p.round,
             probe=" ".join([p.query, *texts]),
         )
-
-
-_STOP = frozenset(
-    """a about above after again against all am an and any are as at be because been before being below
-    between both but by can could did do does doing down during each few for from further had has have
-    having he her here hers herself him himself his how i if in into is it its itself just let me more
-    most my myself no nor not now of off on once only or other our ours ourselves out over own same she
-    should so some such than that the their theirs them themselves then there these they this those
-    through to too under until up very was we were what when where which while who whom why will with
-    would you your yours yourself yourselves also get got go going gonna really yeah yes oh ok okay like
-    thing things something anything much many lot lots well still even ever way back made make makes
-    know think thought want wanted need needs say said tell told see seen look looking good great nice
-    one two time times day days year years new last next first since ago always never maybe sure
-    definitely totally pretty kind sort im i'm it's that's don't didn't can't you're i've i'd i'll
-    thanks thank hey hi wow cool awesome amazing glad happy love loved yep yup nope wanna gotta gonna
-    absolutely y'all ya lol haha hmm um uh btw anyway anyways super totally stuff guess feel felt feels
-    appreciate especially actually literally honestly seriously basically whole every lots able sounds
-    keep kept getting went come came take took give gave find found put let's isn't aren't wasn't
-    there's they're they've we're we've i'll you'll you've couldn't wouldn't shouldn't doesn't won't
-    real special moments bit little big right left glad fun""".split()
-)
-_WORD = re.compile(r"[A-Za-z][\w'-]*", re.UNICODE)
-
-
-def _content_words(text: str) -> list[str]:
-    return [w for w in _WORD.findall(text) if w.lower() not in _STOP and len(w) > 3 and "'" not in w]
-
-
-_CALENDAR = frozenset(
-    """monday tuesday wednesday thursday friday saturday sunday january february march april may june
-    july august september october november december christmas easter""".split()
-)
-
-
-def _entities(text: str) -> list[str]:
-    """Capitalised words that are not the sentence's first word: names of people and places."""
-    words = _WORD.findall(text)
-    out = []
-    for i, w in enumerate(words):
-        if w[0].isupper() and w.lower() not in _STOP | _CALENDAR and (i > 0 or len(words) == 1):
-            out.append(w)
-    return list(dict.fromkeys(out))
-
-
-class FacetProspector(Prospector):
-    """Deterministic prospection without an LLM.
-
-    Phase 1 crosses the query's subject (its named people and places, or the user) with the
-    prospection dimensions: each probe is the subject plus one dimension's vocabulary, so it stands
-    apart from the query instead of repeating it. Phase 2 grounds the next round in what was found:
-    for the best new facts, a probe made of their distinctive words (those not in the query and rare
-    among the facts found), so a fact about a knee leads to the physio, the surgery, the doctor's advice.
-    """
-
-    name = "facet"
-
-    def __init__(
-        self,
-        dimensions: Mapping[str, str] | None = None,
-        *,
-        terms_per_probe: int = 4,
-        probes_per_round: int = 6,
-        topic_words: int = 0,
-        min_source_score: float = 0.35,
-    ) -> None:
-        if terms_per_probe < 1 or probes_per_round < 1 or topic_words < 0:
-            raise InvalidArgumentError("terms_per_probe and probes_per_round must be >= 1, topic_words >= 0")
-        self.dimensions = dict(dimensions or DIMENSIONS)
-        self.terms_per_probe = terms_per_probe
-        self.probes_per_round = probes_per_round
-        self.topic_words = topic_words
-        self.min_source_score = min_source_score
-
-    def _subject(self, query: str) -> str:
-        names = _entities(query)
-        topic = [w for w in _content_words(query) if w not in names][: self.topic_words]
-        return " ".join([*names, *topic])
-
-    def initial(self, p: Prospection) -> Flow:
-        subject = self._subject(p.intent or p.query)
-        steps = [
-            Step(id=f"r{p.round}.{i + 1}", text=f"{subject} {vocab}".strip(), dimension=dim, round=p.round)
-            for i, (dim, vocab) in enumerate(self.dimensions.items())
-        ]
-        return steps
-        yield  # pragma: no cover
-
-    def revise(self, p: Prospection, new: list[FoundFact]) -> Flow:
-        query_words = {w.lower() for w in _content_words(p.query)}
-        used = {w.lower() for s in p.steps for w in _content_words(s.text)}
-        # how many found facts use each word: common words say little about any one fact
-        doc_freq = Counter(w.lower() for f in p.found.values() for w in set(_content_words(f.text)))
-        names = _entities(p.query)
-        parents = {s.id: s for s in p.steps}
-        steps: list[Step] = []
-        # Ground the next round in what the steps found, best matches first. The query's own hits are
-        # left out: following them only drifts further along the query's look-alikes.
-        sources = [f for f in new if f.via == "hit" and f.step_id is not None and f.score >= self.min_source_score]
-        for found in sorted(sources, key=lambda f: -f.score):
-            words = [w for w in dict.fromkeys(_content_words(found.text)) if w.lower() not in query_words]
-            fresh = [w for w in words if w.lower() not in used] or words
-            fresh.sort(key=lambda w: doc_freq[w.lower()])
-            terms = fresh[: self.terms_per_probe]
-            if not terms:
-                continue
-            step = Step(
-                id=f"r{p.round}.{len(steps) + 1}",
-                text=" ".join([*names, *terms]),
-                dimension=parents[found.step_id].dimension if found.step_id in parents else None,
-                parent=found.step_id if found.step_id in parents else None,
-                round=p.round,
-            )
-            if step.parent:
-                parents[step.parent].children.append(step.id)
-            used.update(t.lower() for t in terms)
-            steps.append(step)
-            if len(steps) >= self.probes_per_round:
-                break
-        return steps
-        yield  # pragma: no cover

@@ -6,7 +6,7 @@
 >>> store.add("I twisted my knee playing football in March", scope=s, date="2025-03-10", id="f12")
 'f12'
 >>> _ = store.add("Rent went up by a hundred pounds a month", scope=s, date="2025-04-02")
->>> pgr = PGR(store, strategy="facet")  # no LLM: facet probes
+>>> pgr = PGR(store, strategy="feedback")  # no LLM: the request, then the request with its first hits
 >>> q = "Should I join a soccer league this summer?"
 >>> page = write_trace_page("trace.html", [{
 ...     "query": q, "date": "2025-05-01",

@@ -16,7 +16,7 @@ from conftest import U1, SpyStore, make_store
 from pgr_core import PGR, HashingEmbedder, InMemoryStore
 from pgr_core.errors import InvalidArgumentError
 from pgr_core.prospectors import INTENT_ANSWERED_SCHEMA, INTENT_SCHEMA
-from pgr_core.testing import ScriptedLLM
+from pgr_core.testing import ScriptedLLM, planner_llm
 
 FACTUAL = "When did I hurt my knee?"  # its top hit (s1:0) scores 0.58 with the hashing embedder
 LOW = "What did the physio say about running?"  # a factual question whose top hit scores 0.50
@@ -100,7 +100,7 @@ def test_heuristic_lookup_serves_augmentation_without_an_extra_store_call() -> N
 
 
 def test_a_skip_with_a_window_returns_the_windowed_baseline() -> None:
-    pgr = PGR(make_store(), strategy="facet", adaptive="heuristic", window=1, query_only_k=4)
+    pgr = PGR(make_store(), strategy="feedback", adaptive="heuristic", window=1, query_only_k=4)
     result = pgr.retrieve(FACTUAL, scope=U1)
     baseline = pgr.query_only(FACTUAL, scope=U1)
     assert result.trace.stop_reason == "adaptive_skip" and result.ids == baseline.ids and len(result.ids) == 4
@@ -134,7 +134,7 @@ def test_the_async_twin_skips_the_same_way() -> None:
     ],
 )
 def test_the_question_form_the_heuristic_accepts(question: str, plain: bool) -> None:
-    pgr = PGR(make_store(), strategy="facet", adaptive="heuristic", adaptive_min_score=0.0)
+    pgr = PGR(make_store(), strategy="feedback", adaptive="heuristic", adaptive_min_score=0.0)
     decision = pgr.retrieve(question, scope=U1).trace.adaptive
     assert decision is not None and decision.skipped is plain
 
@@ -174,7 +174,7 @@ def test_llm_mode_accepts_a_verdict_written_as_a_word() -> None:
 
 
 def test_llm_mode_without_an_augmentation_call_never_skips() -> None:
-    result = PGR(make_store(), strategy="facet", adaptive="llm").retrieve(FACTUAL, scope=U1)
+    result = PGR(make_store(), strategy="none", adaptive="llm").retrieve(FACTUAL, scope=U1)
     decision = result.trace.adaptive
     assert decision is not None and not decision.skipped and "no augmentation call" in decision.reason
     assert result.trace.stop_reason != "adaptive_skip"
@@ -194,11 +194,11 @@ def test_off_leaves_the_augmentation_call_as_it_was() -> None:
 
 def test_bad_adaptive_options_say_what_to_pass() -> None:
     with pytest.raises(InvalidArgumentError, match="'off', 'heuristic', 'llm'"):
-        PGR(make_store(), strategy="facet", adaptive="sometimes")
+        PGR(make_store(), strategy="feedback", adaptive="sometimes")
     with pytest.raises(InvalidArgumentError, match="adaptive_min_score"):
-        PGR(make_store(), strategy="facet", adaptive_min_score=2)
+        PGR(make_store(), strategy="feedback", adaptive_min_score=2)
     with pytest.raises(InvalidArgumentError, match="embedding_cache must be true or false"):
-        PGR(make_store(), strategy="facet", embedding_cache="yes")
+        PGR(make_store(), strategy="feedback", embedding_cache="yes")
 
 
 def test_pgr_eval_switches_each_saving_with_set(tmp_path: Path) -> None:
@@ -219,11 +219,11 @@ def test_pgr_eval_switches_each_saving_with_set(tmp_path: Path) -> None:
     data.write_text(json.dumps(line) + "\n", encoding="utf-8")
     out = tmp_path / "r.json"
     sets = ['adaptive="heuristic"', "embedding_cache=false", "phase1_reuse=true", "adaptive_min_score=0.5"]
-    argv = ["eval", "jsonl", "--data", str(data), "--methods", "pgr-facet", "--json", str(out)]
+    argv = ["eval", "jsonl", "--data", str(data), "--methods", "pgr-feedback", "--json", str(out)]
     argv += ["--embedder", "hashing", "--no-llm", *(x for s in sets for x in ("--set", s))]
     assert main(argv) == 0
     records = [json.loads(x) for x in out.with_suffix(".records.jsonl").read_text().splitlines()]
-    stops = {r["question"]: r["extra"]["stop"] for r in records if r.get("method") == "pgr-facet"}
+    stops = {r["question"]: r["extra"]["stop"] for r in records if r.get("method") == "pgr-feedback"}
     assert stops["u1:q0"] == "adaptive_skip" and stops["u1:q1"] != "adaptive_skip"
     assert records[0]["header"]["overrides"]["adaptive"] == "heuristic"
 
@@ -232,7 +232,8 @@ def test_an_embedded_store_without_a_cache_still_runs_every_saving() -> None:
     store = InMemoryStore(embedder=HashingEmbedder(), embedding_cache=0)
     store.add_facts(make_store().facts)
     assert isinstance(store.embedder, HashingEmbedder)
-    pgr = PGR(store, strategy="facet", adaptive="heuristic", phase1_reuse=True)
+    llm = planner_llm(["physio appointment dates", "the league's fixtures"])  # phase 1 is worth keeping
+    pgr = PGR(store, llm=llm, adaptive="heuristic", phase1_reuse=True)
     assert pgr.retrieve(FACTUAL, scope=U1).trace.stop_reason == "adaptive_skip"
     first = pgr.retrieve(ADVICE, scope=U1)
     assert pgr.retrieve(ADVICE, scope=U1).trace.reused_phase1_from == ADVICE and first.facts

@@ -197,11 +197,11 @@ def test_minilm_has_one_cache_layer_and_the_store_shares_it() -> None:
     minilm = MiniLMEmbedder(cache_size=10)  # the model itself is only loaded on the first embed
     assert isinstance(minilm, CachedEmbedder) and minilm.max_entries == 10
     store = InMemoryStore(embedder=minilm)
-    assert store.embedder is minilm and PGR(store, strategy="facet").embedder is minilm
+    assert store.embedder is minilm and PGR(store, strategy="feedback").embedder is minilm
     assert InMemoryStore(embedder=HashingEmbedder(), embedding_cache=0).embedder.__class__ is HashingEmbedder
     given = HashingEmbedder()
     store = InMemoryStore(embedder=given)
-    assert PGR(store, strategy="facet", embedder=given).embedder is store.embedder  # shared, not a second cache
+    assert PGR(store, strategy="feedback", embedder=given).embedder is store.embedder  # shared, not a second cache
 
 
 def test_writing_facts_does_not_fill_the_probe_cache() -> None:
@@ -435,7 +435,7 @@ def test_failed_or_capped_phase1_is_not_kept_and_reuse_is_off_by_default() -> No
     blind = SpyStore(store)
     blind.embedder = None
     with pytest.raises(ConfigurationError, match="embedder"):
-        PGR(blind, strategy="facet", phase1_reuse=True)
+        PGR(blind, strategy="feedback", phase1_reuse=True)
 
 
 def test_reuse_under_concurrency_keeps_each_scope_to_itself() -> None:

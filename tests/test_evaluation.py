@@ -349,11 +349,11 @@ def test_the_main_table_compares_methods_on_the_same_questions() -> None:
 def test_run_eval_resumes_and_never_mixes_settings(tmp_path: Path) -> None:
     store, data = _small_set()
     records = tmp_path / "r.jsonl"
-    rows = run_eval(data, ["query-only", "pgr-facet"], store, records=records, log=lambda s: None)
+    rows = run_eval(data, ["query-only", "pgr-feedback"], store, records=records, log=lambda s: None)
     assert {(r["method"], r["question"]) for r in rows} == {
-        (m, q) for m in ("_deep", "query-only", "pgr-facet") for q in ("knee", "car")
+        (m, q) for m in ("_deep", "query-only", "pgr-feedback") for q in ("knee", "car")
     }
-    report = summarise(data, rows, ["query-only", "pgr-facet"])
+    report = summarise(data, rows, ["query-only", "pgr-feedback"])
     qo = next(r for r in rows if r["method"] == "query-only" and r["question"] == "knee")
     assert qo["ids"][0] == "s1:0" and report["methods"]["query-only"]["recall_at"]["10"] == pytest.approx(
         (
@@ -372,12 +372,12 @@ def test_run_eval_resumes_and_never_mixes_settings(tmp_path: Path) -> None:
         def search_batch(self, *a, **k):  # type: ignore[no-untyped-def]
             raise AssertionError("searched again")
 
-    again = run_eval(data, ["query-only", "pgr-facet"], Refuses(HashingEmbedder()), records=records)
+    again = run_eval(data, ["query-only", "pgr-feedback"], Refuses(HashingEmbedder()), records=records)
     assert len(again) == len(rows)
     # a torn last line (an interrupted write) is dropped and redone
     text = records.read_text().splitlines()
     records.write_text("\n".join(text[:-1]) + "\n" + text[-1][:15] + "\n")
-    redone = run_eval(data, ["query-only", "pgr-facet"], store, records=records)
+    redone = run_eval(data, ["query-only", "pgr-feedback"], store, records=records)
     assert len(redone) == len(rows)
     # other settings: the old records are set aside, not mixed in
     run_eval(data, ["query-only"], store, records=records, overrides={"delta": 3})
@@ -464,7 +464,7 @@ def test_compare_answers_judges_both_orders_and_resumes() -> None:
     from pgr_core.evaluation.answers import compare_answers
 
     store, data = _small_set()
-    rows = run_eval(data, ["query-only", "pgr-facet"], store)
+    rows = run_eval(data, ["query-only", "pgr-feedback"], store)
 
     def handler(messages, schema):  # type: ignore[no-untyped-def]
         prompt = messages[0]["content"]
@@ -475,12 +475,12 @@ def test_compare_answers_judges_both_orders_and_resumes() -> None:
         return {"winner": "A" if "bus" in a else "B"}
 
     llm = ScriptedLLM(handler=handler)
-    result = compare_answers(data, rows, store, "query-only", "pgr-facet", llm=llm)
+    result = compare_answers(data, rows, store, "query-only", "pgr-feedback", llm=llm)
     assert result["questions"] == 2 and result["decided"] == 2
     assert 0.0 <= result["win_rate"] <= 1.0
     calls = len(llm.calls)
     assert calls == 2 * (2 + 2)  # per question: two answers, two verdicts
-    again = compare_answers(data, rows, store, "query-only", "pgr-facet", llm=ScriptedLLM([]))
+    again = compare_answers(data, rows, store, "query-only", "pgr-feedback", llm=ScriptedLLM([]))
     assert again == result  # everything came from the records
 
 
@@ -496,7 +496,7 @@ def test_pgr_eval_command_writes_the_report(tmp_path: Path, capsys: pytest.Captu
             "--data",
             str(data),
             "--methods",
-            "query-only,pgr-facet+w1",
+            "query-only,pgr-feedback+w1",
             "--json",
             str(out),
             "--embedder",

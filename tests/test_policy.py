@@ -168,7 +168,7 @@ def test_dates_reach_the_prompts(store: InMemoryStore) -> None:
 
 
 def test_naive_and_aware_dates_do_not_mix(store: InMemoryStore) -> None:
-    pgr = PGR(store, strategy="facet")
+    pgr = PGR(store, strategy="feedback")
     with pytest.raises(InvalidArgumentError, match="timezone-aware"):
         pgr.retrieve(QUERY, scope=U1, date=datetime(2025, 5, 1, tzinfo=UTC))
 
@@ -304,7 +304,7 @@ def test_store_failure_degrades() -> None:
         def search_batch(self, probes, *, scope, params):  # type: ignore[override]
             raise RuntimeError("disk on fire")
 
-    result = PGR(Broken(embedder=HashingEmbedder()), strategy="facet").retrieve(QUERY, scope=U1)
+    result = PGR(Broken(embedder=HashingEmbedder()), strategy="feedback").retrieve(QUERY, scope=U1)
     assert result.degraded and result.trace.stop_reason == "store_error"
     assert "disk on fire" in result.trace.errors[0] and result.facts == []
 
@@ -316,7 +316,7 @@ def test_a_store_that_leaks_another_scope_is_refused(store: InMemoryStore) -> No
 
     leaky = Leaky(embedder=store.embedder)
     leaky.add_facts(store.facts)
-    result = PGR(leaky, strategy="facet").retrieve(QUERY, scope=U1)
+    result = PGR(leaky, strategy="feedback").retrieve(QUERY, scope=U1)
     assert result.degraded and "outside scope" in result.trace.errors[0]
     assert all(f.fact.scope == U1 for f in result.facts)
 
@@ -420,8 +420,8 @@ def test_async_gives_what_sync_gives(store: InMemoryStore) -> None:
     asynced = asyncio.run(pgr.aretrieve(QUERY, scope=U1))
     assert asynced.ids == sync.ids and asynced.summary == sync.summary
     assert [len(r.probes) for r in asynced.trace.rounds] == [len(r.probes) for r in sync.trace.rounds]
-    facet = PGR(store)
-    assert asyncio.run(facet.aquery_only(QUERY, scope=U1)).ids == facet.query_only(QUERY, scope=U1).ids
+    plain = PGR(store)
+    assert asyncio.run(plain.aquery_only(QUERY, scope=U1)).ids == plain.query_only(QUERY, scope=U1).ids
 
 
 def test_probes_keep_the_querys_words(spy: SpyStore) -> None:

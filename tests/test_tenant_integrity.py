@@ -136,7 +136,7 @@ def test_a_list_owner_record_is_dropped_and_counted_and_the_rest_returned() -> N
             _record(4, "alice", "soccer shoes for the summer", key="user_id") | {"run_id": ["r1", "r2"]},
         ]
     )
-    store = Mem0Store(memory, strategy="facet", min_score=0.0)
+    store = Mem0Store(memory, strategy="feedback", min_score=0.0)
     for scope, mine in ((ALICE, {"m1"}), (BOB, {"m2"})):
         result = store.pgr.retrieve(QUERY, scope=scope)
         assert not result.degraded and result.trace.stop_reason != "store_error"
@@ -201,7 +201,7 @@ MIXED = [
     ["2025-05-01", datetime(2025, 5, 1), datetime(2025, 5, 1, tzinfo=UTC), "2025-05-01T12:00:00+09:00"],
     ids=["naive-text", "naive", "aware-utc", "aware-tokyo"],
 )
-@pytest.mark.parametrize("strategy", ["facet", "feedback", "cot"])
+@pytest.mark.parametrize("strategy", ["feedback", "cot"])
 def test_mixed_naive_and_aware_mem0_dates_answer_either_kind_of_query_date(date: Any, strategy: str) -> None:
     store = Mem0Store(Mem0Like(MIXED), llm=_dated_llm() if strategy == "cot" else None)
     pgr = PGR(store, llm=store.llm, strategy=strategy, min_score=0.0, delta=1)
@@ -219,4 +219,4 @@ def test_the_embedded_store_still_refuses_a_query_date_of_the_other_kind() -> No
     from pgr_core.errors import InvalidArgumentError
 
     with pytest.raises(InvalidArgumentError, match="timezone-aware"):
-        PGR(make_store(), strategy="facet").retrieve(QUERY, scope=U1, date=datetime(2025, 5, 1, tzinfo=UTC))
+        PGR(make_store(), strategy="feedback").retrieve(QUERY, scope=U1, date=datetime(2025, 5, 1, tzinfo=UTC))

@@ -38,7 +38,7 @@ TRACE_KEYS = (
     "pgr_dimension",  # that step's dimension (timing, health...)
     "pgr_via",  # "hit" or "neighbour" (brought in by the temporal window)
     "pgr_probes_hit",  # how many probes returned it directly
-    "pgr_strategy",  # tot, cot, facet...
+    "pgr_strategy",  # tot, cot, feedback...
     "pgr_summary",  # the prospection summary (first node, or every node)
 )
 
@@ -55,7 +55,7 @@ class ProspectionRetriever(BaseRetriever):
       ``store_options`` (``scope_filter=``, ``single_tenant_scope=``, ``cosine_scores=``...).
     - ``llm``: the generator that imagines the steps: any LlamaIndex ``LLM`` (wrapped in
       :class:`~pgr_adapters.llamaindex.LlamaIndexLLM`) or a pgr ``LLM``. ``None``: no LLM, and the
-      default strategy is ``"facet"``. ``Settings.llm`` is never picked up silently.
+      default strategy is ``"feedback"``. ``Settings.llm`` is never picked up silently.
     - ``scope``: whose memories every query searches; required (ScopeError without it). One retriever
       per user session, as with LlamaIndex's own user-scoped retrievers; build another for another user.
     - ``date``: the query date for prospection (a date, an ISO string, or a callable returning one,

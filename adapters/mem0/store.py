@@ -82,8 +82,7 @@ class Mem0Store(Store):
 
     - ``llm``: the LLM PGR prospects with. Without one, PGR's default is no prospection (the drop-in
       :meth:`search` then gives the query's own list); pass ``strategy="feedback"`` for one LLM-free
-      round (the request joined to its first hits searches again: two mem0 searches), or
-      ``strategy="facet"`` for LLM-free probes.
+      round (the request joined to its first hits searches again: two mem0 searches).
     - ``search_path``: ``"auto"`` picks ``"batch"`` when mem0 exposes ``vector_store.search_batch`` and
       the memory has no graph store, ``"search"`` otherwise (see the module docstring).
     - ``pgr_options``: ``strategy=``, ``config=``, ``embedder=`` or any :class:`~pgr_core.PGRConfig`

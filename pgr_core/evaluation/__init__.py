@@ -1,6 +1,6 @@
 """Evaluation: data sets, metrics, the compared methods, a resumable runner and its report.
 
-``pgr eval locomo --data ../shared/data/locomo --methods query-only,pgr-facet --limit 50 --json out.json``
+``pgr eval locomo --data ../shared/data/locomo --methods query-only,pgr-feedback --limit 50 --json out.json``
 is the command-line face of :func:`run_eval` + :func:`summarise` + :func:`write_report`.
 """
 

@@ -8,7 +8,7 @@ direct hit brings its N neighbours either side, right after it, and they count i
 - ``pgr-none``: PGR's no-LLM default (no prospection) through ``retrieve``: the query's own list, centred.
 - ``pgr-feedback``: PGR's LLM-free feedback round (``strategy="feedback"``): the request, then the request
   joined to its first three hits, R* by the sum of the two centred scores; two store calls, no LLM call.
-- ``pgr-facet``, ``pgr-cot``, ``pgr-tot``: PGR with the LLM-free facet prospector, or an LLM chain / tree.
+- ``pgr-cot``, ``pgr-tot``: PGR with an LLM chain / tree.
 - ``query-fusion``: LlamaIndex's ``QueryFusionRetriever`` (the LLM writes 3 more queries, one retrieval
   per query, reciprocal-rank fusion), over a LlamaIndex retriever that searches the same pgr store.
 - ``mem0``: mem0's own ``search`` (top_k 20, its other defaults) on a mem0 ``Memory`` holding the same
@@ -35,7 +35,6 @@ from typing import Any
 from ..errors import ConfigurationError, InvalidArgumentError
 from ..llm import LLM, CallFlow, Completion, Request, WrappedLLM
 from ..policy import PGR
-from ..prospectors import FacetProspector
 from ..store import Store
 from ..trace import RetrievalResult
 from ..types import Hit, Scope, SearchParams
@@ -43,7 +42,7 @@ from .data import EvalQuestion
 
 __all__ = ["METHODS", "Method", "MethodOutput", "Meter", "make_method", "parse_method"]
 
-METHODS = ("query-only", "pgr-none", "pgr-feedback", "pgr-facet", "pgr-cot", "pgr-tot", "query-fusion", "hyde", "mem0")
+METHODS = ("query-only", "pgr-none", "pgr-feedback", "pgr-cot", "pgr-tot", "query-fusion", "hyde", "mem0")
 LLM_METHODS = ("pgr-cot", "pgr-tot", "query-fusion", "hyde")
 
 
@@ -141,7 +140,7 @@ class Method(ABC):
 class QueryOnly(Method):
     def __init__(self, store: Store, **kw: Any) -> None:
         super().__init__(store, **kw)
-        self.pgr = PGR(store, strategy=FacetProspector(), window=self.window)
+        self.pgr = PGR(store, strategy="none", window=self.window)
 
     def _run(self, q: EvalQuestion, meter: Meter | None) -> MethodOutput:
         result = self.pgr.query_only(q.question, scope=q.scope, date=q.date, top_k=self.top_k)
@@ -161,7 +160,7 @@ class PGRMethod(Method):
         **kw: Any,
     ) -> None:
         super().__init__(store, **kw)
-        if strategy not in ("facet", "none", "feedback"):
+        if strategy not in ("none", "feedback"):
             self.meter: Meter | None = _metered(f"pgr-{strategy}", llm)
             self.needs_llm = True
             self.pgr = PGR(store, llm=self.meter, strategy=strategy, window=self.window, **dict(overrides or {}))

@@ -43,7 +43,7 @@ from ..memory import InMemoryStore
 from ..policy import PGR
 from ..store import Store
 from ..types import Fact, Hit, Scope, SearchParams
-from . import ScriptedLLM
+from . import ScriptedLLM, planner_llm
 
 __all__ = ["CORPUS_SCOPES", "AnticipatingConformance", "CuedStore", "StoreConformance", "conformance_corpus"]
 
@@ -206,8 +206,9 @@ class StoreConformance:
                 else '{"summary": "s"}'
             )
         )
+        steps = ["Bob's knee and his spring marathons", "the red van he drives to work", "savings from selling a flat"]
         for pgr in (
-            PGR(store, strategy="facet"),
+            PGR(store, llm=planner_llm(steps), strategy="cot"),  # several probes, each aimed at bob's facts
             PGR(store, strategy="feedback"),  # its second probe holds alice's facts: still alice's scope only
             PGR(store, llm=llm, strategy="tot", max_rounds=2),
         ):
@@ -259,8 +260,8 @@ class StoreConformance:
     def test_an_empty_store_is_fine(self, make_store: Callable[[list[Fact]], Store]) -> None:
         empty = make_store([])
         assert self._search(empty, ["anything at all"], ALICE, top_k=5, min_score=0.0) == [[]]
-        for strategy in ("facet", "feedback"):
-            result = PGR(empty, strategy=strategy).retrieve("Should I join a league?", scope=ALICE)
+        for pgr in (PGR(empty, strategy="feedback"), PGR(empty, llm=planner_llm(["knee", "bus", "rent"]))):
+            result = pgr.retrieve("Should I join a league?", scope=ALICE)
             assert result.facts == [] and not result.degraded
 
     def test_async_gives_what_sync_gives(self, store: Store) -> None:
@@ -275,8 +276,8 @@ class StoreConformance:
         with pytest.raises(StoreError) as info:
             failing_store._checked_search(["knee"], ALICE, SearchParams())
         assert info.value.__cause__ is not None
-        for strategy in ("facet", "feedback"):
-            result = PGR(failing_store, strategy=strategy).retrieve("knee?", scope=ALICE)
+        for pgr in (PGR(failing_store, strategy="feedback"), PGR(failing_store, llm=planner_llm(["knee", "bus"]))):
+            result = pgr.retrieve("knee?", scope=ALICE)
             assert result.degraded and result.trace.stop_reason == "store_error"
 
     def test_window_brings_same_session_neighbours(self, store: Store) -> None:

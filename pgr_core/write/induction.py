@@ -69,7 +69,7 @@ EDIT_SCHEMA = {"type": "object", "required": ["guideline"], "properties": {"guid
 class InductionConfig:
     """- ``steps``: induction steps; ``batch_size``: training examples per step.
     - ``candidates``: edited versions of S tried per step; ``rollouts``: per training example.
-    - ``retrieval``: ``query-only``, ``pgr-facet`` or ``pgr`` (LLM prospection) over the built memory;
+    - ``retrieval``: ``query-only`` or ``pgr`` (LLM prospection) over the built memory;
       the answerer gets the head of each one's ranked list that fits in ``context_tokens`` (1500,
       the answer prompt's budget in :class:`~pgr_core.PGRConfig`), at most ``top_k`` facts (None: no
       cap), so every retrieval is compared at the same context size.
@@ -88,8 +88,8 @@ class InductionConfig:
     max_tokens: int = 800
 
     def __post_init__(self) -> None:
-        if self.retrieval not in ("query-only", "pgr-facet", "pgr"):
-            raise GuidelineError(f"retrieval must be query-only, pgr-facet or pgr, got {self.retrieval!r}")
+        if self.retrieval not in ("query-only", "pgr"):
+            raise GuidelineError(f"retrieval must be query-only or pgr, got {self.retrieval!r}")
         cap = 1 if self.top_k is None else self.top_k
         if min(self.steps, self.batch_size, self.candidates, self.rollouts, cap, self.context_tokens) < 1:
             raise GuidelineError("steps, batch_size, candidates, rollouts, context_tokens and top_k must be >= 1")
@@ -169,8 +169,6 @@ def retrieve_for(
 
     if config.retrieval == "query-only":  # deep enough to fill the same context as the others
         result = PGR(store).query_only(example.question, scope=scope, date=example.date, top_k=100)
-    elif config.retrieval == "pgr-facet":
-        result = PGR(store, strategy="facet").retrieve(example.question, scope=scope, date=example.date)
     else:
         result = PGR(store, llm=llm, strategy="tot").retrieve(example.question, scope=scope, date=example.date)
     facts = [f.fact for f in result.within_tokens(config.context_tokens)]

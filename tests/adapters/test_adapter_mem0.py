@@ -10,7 +10,7 @@ import inspect
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -52,11 +52,29 @@ from pgr_core import (  # noqa: E402
     plugins,
 )
 from pgr_core.embedders import MiniLMEmbedder  # noqa: E402
-from pgr_core.testing import CUE_BACKFILL_NOTES, CUE_BACKFILL_OTHER, cue_llm  # noqa: E402
+from pgr_core.prospectors import COT_SCHEMA  # noqa: E402
+from pgr_core.testing import CUE_BACKFILL_NOTES, CUE_BACKFILL_OTHER, ScriptedLLM, cue_llm, planner_llm  # noqa: E402
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus  # noqa: E402
 
 ALICE = Scope(user_id="alice")
 SOCCER = "Should I join a soccer league this summer?"
+
+
+def steady_planner(steps: Sequence[str]) -> ScriptedLLM:
+    """A model for SOCCER that plans ``steps`` on every retrieval (the first plan; none after) and restates
+    the request as itself, so each fact a step finds is credited to that step. Every drop-in search is a
+    retrieval of its own: each gets the same plan, as a PGR built alike does."""
+
+    def handler(messages: Sequence[Mapping[str, str]], schema: Mapping[str, Any] | None) -> Any:
+        required = set((schema or {}).get("required", []))
+        if "intent" in required:
+            return {"intent": SOCCER, "answered": False}
+        if "steps" in required:
+            return {"steps": list(steps) if schema == COT_SCHEMA else []}
+        return {"summary": "It matters.", "ids": []}
+
+    return ScriptedLLM(handler=handler)
+
 
 # The README's "wrap your Memory" example, run as it stands by test_readme_example (``config`` is yours).
 README_EXAMPLE = """
@@ -224,11 +242,12 @@ def test_each_round_is_one_embedding_batch_and_one_vector_search(memory: Any, mo
     singles = _spy(monkeypatch, memory.embedding_model, "embed")
     plain = _spy(monkeypatch, memory, "search")
 
-    # small K so phase 1 leaves something for a personalised round to find
-    result = PGR(store, strategy="facet", delta=1, top_k=2, query_top_k=2).retrieve(SOCCER, scope=ALICE)
+    # small K so the query leaves something for the planned steps to find
+    llm = planner_llm(["check the knee with the physio", "getting there by bus", "early weekend mornings"])
+    result = PGR(store, llm=llm, delta=1, top_k=2, query_top_k=2).retrieve(SOCCER, scope=ALICE)
 
     rounds = [r for r in result.trace.rounds if r.store_calls]
-    assert len(rounds) >= 2 and result.facts  # phase 1 and at least one personalised round
+    assert len(rounds) >= 2 and result.facts and max(len(r.probes) for r in rounds) > 1
     assert len(searches) == len(batches) == result.trace.store_calls == len(rounds)
     assert not singles and not plain
     for (_, kwargs), (args, _), rnd in zip(searches, batches, rounds, strict=True):
@@ -295,7 +314,8 @@ def test_aware_dates_stay_aware(new_memory: Callable[..., Any]) -> None:
 
 def test_drop_in_search_finds_what_plain_search_misses(memory: Any) -> None:
     plain = memory.search(SOCCER, filters={"user_id": "alice"}, top_k=5)
-    ours = Mem0Store(memory, strategy="facet").search(SOCCER, filters={"user_id": "alice"}, top_k=5, explain=True)
+    llm = steady_planner(["check the knee with the physio", "getting there by bus", "early starts at the weekend"])
+    ours = Mem0Store(memory, llm=llm).search(SOCCER, filters={"user_id": "alice"}, top_k=5, explain=True)
 
     assert set(ours) == {"results"}
     first = ours["results"][0]
@@ -313,9 +333,10 @@ def test_drop_in_search_finds_what_plain_search_misses(memory: Any) -> None:
 
 def test_drop_in_search_returns_at_most_top_k_results(memory: Any) -> None:
     """top_k caps the answer as in mem0: the head of PGR's own ranking, though prospection found more."""
-    store = Mem0Store(memory, strategy="facet")
+    llm = steady_planner(["waking up early at the weekend", "the bus instead of a car", "money is tight"])
+    store = Mem0Store(memory, llm=llm)
     for top_k in (1, 3):
-        ranked = PGR(store, strategy="facet", query_top_k=top_k).retrieve(SOCCER, scope=ALICE).facts  # the drop-in's
+        ranked = PGR(store, llm=llm, query_top_k=top_k).retrieve(SOCCER, scope=ALICE).facts  # the drop-in's
         assert len(ranked) > top_k  # prospection found more than top_k facts: they all used to come back
         head = [f.fact.id for f in ranked if f.score >= 0.1][:top_k]  # mem0's default threshold, then the cut
         ours = store.search(SOCCER, filters={"user_id": "alice"}, top_k=top_k)["results"]
@@ -330,7 +351,7 @@ def test_drop_in_search_returns_at_most_top_k_results(memory: Any) -> None:
 
 
 def test_drop_in_search_takes_mem0s_arguments(memory: Any) -> None:
-    store = Mem0Store(memory, strategy="facet")  # LLM-free prospection: facts above the query's own scores
+    store = Mem0Store(memory, strategy="feedback")  # LLM-free prospection: facts above the query's own scores
     with pytest.raises(ScopeError, match="filters"):
         store.search(SOCCER, user_id="alice")  # mem0 2.x rejects top-level ids too
     with pytest.raises(ScopeError):

@@ -39,6 +39,7 @@ from mem0.utils.factory import LlmFactory  # noqa: E402
 from pgr_adapters.mem0 import Mem0Fact, Mem0Store  # noqa: E402
 
 from pgr_core import PGR, Fact, Scope, ScopeError, SearchParams  # noqa: E402
+from pgr_core.testing import planner_llm  # noqa: E402
 from pgr_core.testing.conformance import StoreConformance  # noqa: E402
 
 ALICE = Scope(user_id="alice")
@@ -277,9 +278,11 @@ def test_pgr_rounds_make_one_mem0_search_per_probe(memory: Any, monkeypatch: pyt
         return real(*args, **kwargs)
 
     monkeypatch.setattr(memory, "search", spy)
-    result = PGR(Mem0Store(memory), strategy="facet").retrieve("Should I start running again?", scope=ALICE)
+    llm = planner_llm(["what the doctor said about running", "the knee and the physio", "a race in the summer"])
+    result = PGR(Mem0Store(memory), llm=llm).retrieve("Should I start running again?", scope=ALICE)
     probes = sum(len(r.probes) for r in result.trace.rounds)
     assert len(calls) == probes and result.trace.store_calls >= 1
+    assert max(len(r.probes) for r in result.trace.rounds) > 1  # several probes in a round: one search each
     for _, kwargs in calls:  # 1.0.x: scope at the top level, limit=, no reranker
         assert kwargs["user_id"] == "alice" and "filters" not in kwargs and "top_k" not in kwargs
         assert kwargs["limit"] >= 1 and kwargs["rerank"] is False
@@ -289,9 +292,10 @@ def test_pgr_rounds_make_one_mem0_search_per_probe(memory: Any, monkeypatch: pyt
 
 def test_drop_in_search_returns_results_and_relations(memory: Any) -> None:
     plain = memory.search("Should I start running again?", user_id="alice", limit=3)
-    ours = Mem0Store(memory, strategy="facet").search("Should I start running again?", user_id="alice", limit=3)
+    llm = planner_llm(["what the doctor said about running", "the knee and the physio", "a race in the summer"])
+    ours = Mem0Store(memory, llm=llm).search("Should I start running again?", user_id="alice", limit=3)
     assert set(ours) == {"results", "relations"} == set(plain)
-    # mem0's own best hit leads (the shared order gives the request the first slot); the facet probes'
+    # mem0's own best hit leads (the shared order gives the request the first slot); the planned steps'
     # finds share the rest of the budget (query_share 0.25, docs/evidence.md)
     assert plain["results"] and ours["results"][0]["id"] == plain["results"][0]["id"]
     assert len(ours["results"]) == len(plain["results"]) == 3

@@ -34,7 +34,7 @@ from pgr_core import (
     StoreError,
 )
 from pgr_core.embedders import MiniLMEmbedder, minilm_available
-from pgr_core.testing import CUE_BACKFILL_NOTES, CUE_BACKFILL_OTHER, ScriptedLLM, cue_llm
+from pgr_core.testing import CUE_BACKFILL_NOTES, CUE_BACKFILL_OTHER, ScriptedLLM, cue_llm, planner_llm
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus
 
 ALICE = Scope(user_id="alice")
@@ -218,9 +218,10 @@ class TestQdrantAsyncLocal(StoreConformance):
         assert [h.fact.id for h in hits] == ["a0", "a1"] and hits[1].neighbour_of == "a0"
 
     def test_pgr_aretrieve(self, store):
-        result = asyncio.run(PGR(store, strategy="facet").aretrieve("Should I start running again?", scope=ALICE))
+        llm = planner_llm(["check the knee with the physio", "getting there by bus", "money for the fees"])
+        result = asyncio.run(PGR(store, llm=llm).aretrieve("Should I start running again?", scope=ALICE))
         assert result.facts and not result.degraded
-        assert "a0" in result.ids
+        assert "a0" in result.ids and max(len(r.probes) for r in result.trace.rounds) > 1
 
 
 def _recording(client, calls: list[str]):
@@ -461,7 +462,7 @@ def test_a_mem0_collection_is_wrapped_as_it_is(embedder, named, sparse):
     assert knee.date == datetime(2025, 3, 1, 9, 30, tzinfo=timezone(timedelta(hours=-8)))
     assert set(knee.metadata) == {"hash", "role"}
     assert hits[1][0].fact.text == texts[2]
-    result = PGR(store, strategy="facet").retrieve("Should I join a soccer league this summer?", scope=ALICE)
+    result = PGR(store, strategy="feedback").retrieve("Should I join a soccer league this summer?", scope=ALICE)
     assert result.facts and texts[4] not in [f.text for f in result.facts]
 
     assert _snapshot(client, "memories") == before  # no point, payload or vector changed
@@ -619,7 +620,7 @@ def test_a_scope_field_without_a_payload_key_is_refused_not_loosened(embedder):
     with pytest.raises(ScopeError, match="agent_id"):
         store._checked_search(["travel"], narrow, SearchParams())
     with pytest.raises(ScopeError):
-        PGR(store, strategy="facet").retrieve("Where should I travel?", scope=narrow)
+        PGR(store, strategy="feedback").retrieve("Where should I travel?", scope=narrow)
     assert calls == []  # nothing was searched with the looser filter
     assert store.search_batch(["knee"], scope=ALICE, params=SearchParams(top_k=1))[0][0].fact.id == "a0"
 
@@ -903,14 +904,17 @@ def test_one_query_batch_points_call_per_round(embedder, window):
     try:
         # probe hygiene gets an embedder of its own, so every MiniLM call counted here is the store's;
         # uncentred, since centring reads the user's facts (a scroll) and embeds them once per scope
-        result = PGR(store, strategy="facet", window=window, embedder=HashingEmbedder(), centring=None).retrieve(
-            "Should I join a soccer league this summer?", scope=ALICE
-        )
+        # two rounds of several steps, no augmentation: every round with probes is a windowed one
+        plans = iter([["physio appointments for the knee", "taking the bus"], ["football with Sam", "rent money"], []])
+        llm = ScriptedLLM(handler=lambda m, s: {"steps": next(plans)} if "steps" in s["required"] else {"summary": "s"})
+        pgr = PGR(store, llm=llm, augment=False, delta=1, window=window, embedder=HashingEmbedder(), centring=None)
+        result = pgr.retrieve("Should I join a soccer league this summer?", scope=ALICE)
     finally:
         del embedder.embed  # the module-wide embedder gets its own method back
 
+    assert not result.degraded, result.trace.errors
     rounds_with_probes = [r for r in result.trace.rounds if r.probes]
-    assert len(rounds_with_probes) >= 2  # Phase 1 and at least one Phase-2 round
+    assert len(rounds_with_probes) >= 2 and max(len(r.probes) for r in rounds_with_probes) > 1
     assert sum(r.store_calls for r in result.trace.rounds) == len(rounds_with_probes)
     assert len(batches) == len(rounds_with_probes)
     for (_, kwargs), rnd in zip(batches, rounds_with_probes, strict=True):
@@ -1112,7 +1116,7 @@ def test_a_list_owner_point_is_dropped_counted_and_the_rest_returned(kind):
     assert [h.fact.id for h in hits] == ["b-soccer"]
     assert store.out_of_scope_dropped == 4  # 101 again
     for scope, mine in ((ALICE, {"a-knee", "a-bus"}), (BOB, {"b-soccer"})):
-        result = PGR(store, strategy="facet", min_score=0.0).retrieve("Should I join a soccer league?", scope=scope)
+        result = PGR(store, strategy="feedback", min_score=0.0).retrieve("Should I join a soccer league?", scope=scope)
         assert not result.degraded and result.trace.stop_reason != "store_error"
         assert result.facts and {f.fact.id for f in result.facts} <= mine
 
@@ -1148,7 +1152,10 @@ def test_mixed_naive_and_aware_payload_dates_answer_either_kind_of_query_date():
 
     query = "Should I join a soccer league this summer?"
     for date in ("2025-05-01", datetime(2025, 5, 1), datetime(2025, 5, 1, tzinfo=UTC), "2025-05-01T09:00+09:00"):
-        for pgr in (PGR(store, strategy="facet", min_score=0.0), PGR(store, llm=llm(), strategy="cot", min_score=0.0)):
+        for pgr in (
+            PGR(store, strategy="feedback", min_score=0.0),
+            PGR(store, llm=llm(), strategy="cot", min_score=0.0),
+        ):
             result = pgr.retrieve(query, scope=ALICE, date=date)
             assert not result.degraded and not result.trace.errors, (date, result.trace.errors)
             assert {f.fact.id for f in result.facts} == {"1", "2", "3", "4"}
@@ -1262,7 +1269,7 @@ def test_hybrid_never_crosses_scopes():
         assert hits and {h.fact.id for h in hits} <= mine, scope
         assert all(scope.allows(h.fact.scope) for h in hits)
     assert store.out_of_scope_dropped == 2  # the list-owned point, for alice and for bob (planner's filter misses it)
-    result = PGR(store, strategy="facet", min_score=0.0).retrieve("What is Zephyrine?", scope=BOB)
+    result = PGR(store, strategy="feedback", min_score=0.0).retrieve("What is Zephyrine?", scope=BOB)
     assert result.facts and {f.fact.id for f in result.facts} <= {"b1", "b2"}
     with pytest.raises(ScopeError):  # a scope the store cannot filter on is refused, not loosened
         QdrantStore(
