@@ -904,10 +904,17 @@ def test_one_query_batch_points_call_per_round(embedder, window):
     try:
         # probe hygiene gets an embedder of its own, so every MiniLM call counted here is the store's;
         # uncentred, since centring reads the user's facts (a scroll) and embeds them once per scope
-        # two rounds of several steps, no augmentation: every round with probes is a windowed one
+        # two rounds of several steps after the augmentation lookup
         plans = iter([["physio appointments for the knee", "taking the bus"], ["football with Sam", "rent money"], []])
-        llm = ScriptedLLM(handler=lambda m, s: {"steps": next(plans)} if "steps" in s["required"] else {"summary": "s"})
-        pgr = PGR(store, llm=llm, augment=False, delta=1, window=window, embedder=HashingEmbedder(), centring=None)
+
+        def reply(messages, schema):
+            required = schema["required"]
+            if "intent" in required:
+                return {"intent": "Should I join a soccer league this summer?", "answered": False}
+            return {"steps": next(plans)} if "steps" in required else {"summary": "s"}
+
+        llm = ScriptedLLM(handler=reply)
+        pgr = PGR(store, llm=llm, delta=1, window=window, embedder=HashingEmbedder(), centring=None)
         result = pgr.retrieve("Should I join a soccer league this summer?", scope=ALICE)
     finally:
         del embedder.embed  # the module-wide embedder gets its own method back
@@ -920,7 +927,8 @@ def test_one_query_batch_points_call_per_round(embedder, window):
     for (_, kwargs), rnd in zip(batches, rounds_with_probes, strict=True):
         assert len(kwargs["requests"]) == len(rnd.probes)  # every probe of the round in one call
     assert len(embeds) == len(rounds_with_probes)  # one embedding call per round too
-    assert len(scrolls) == (len(rounds_with_probes) if window else 0)  # the window's one extra fetch
+    windowed = [r for r in rounds_with_probes if r.phase != "augment"]  # the lookup reads no window
+    assert len(scrolls) == (len(windowed) if window else 0)  # the window's one extra fetch a round
     if window:
         assert any(f.via == "neighbour" for f in result.facts)
 
