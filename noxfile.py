@@ -82,7 +82,7 @@ def llm(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "pgr_core", "adapters", "tests", "benchmarks")
+    session.run("ruff", "check", "pgr_core", "adapters", "tests", "lab")
 
 
 @nox.session
@@ -96,11 +96,11 @@ def gmpo(session: nox.Session) -> None:
 def soak(session: nox.Session) -> None:
     """Writers, a reader and random kill -9s on one store, for a bounded time (not in CI: `nox -s soak`).
 
-    Runs benchmarks/soak.py on a directory store and on a .pgr file store; pass its options after
+    Runs lab/soak.py on a directory store and on a .pgr file store; pass its options after
     `--`, e.g. `nox -s soak -- --seconds 600`. Fails when a fact was lost or duplicated or the store
     did not reopen."""
     _install(session, "local,dev")
     args = session.posargs or ["--seconds", "120"]
-    session.run("python", "benchmarks/soak.py", *args, "--json", "soak-dir.json")
+    session.run("python", "lab/soak.py", *args, "--json", "soak-dir.json")
     pgr_file = os.path.join(session.create_tmp(), "soak.pgr")
-    session.run("python", "benchmarks/soak.py", *args, "--store", pgr_file, "--json", "soak-file.json")
+    session.run("python", "lab/soak.py", *args, "--store", pgr_file, "--json", "soak-file.json")

@@ -207,7 +207,7 @@ class Anticipating(AddsOneFact, Store):
       A fact's score is ``2 / (1 + w) x (own term + w x cue term)`` for a cue weight ``w``: the sum
       above at ``w = 1``, twice its own term at ``w = 0``. Every cue term in full, the option deleted,
       read 0.509 against 0.515 at recall@20 on LoCoMo conv-30 with the local model's cues and the same
-      on MQ-lite with a capable model's (benchmarks/RESULTS.md, "Cue trust"; docs/evidence.md).
+      on MQ-lite with a capable model's (lab/RESULTS.md, "Cue trust"; docs/evidence.md).
     - typicality, under ``scoring="centred"``: a fact's is its cosine to the mean of the scope's facts, a
       cue's to the mean of the scope's cues (pgr's centring, CSLS's correction with the whole memory as
       the neighbourhood). Chosen by leave one user out on MQ-lite dev with a capable model's cues over

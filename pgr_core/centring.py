@@ -15,7 +15,7 @@ the hubness correction of cross-lingual retrieval (Conneau et al.'s CSLS, with t
 neighbourhood) applied to one person's memory. The floor τ still reads the store's own cosine; the order
 and the cut to K read the centred score, over a deeper candidate list (``PGRConfig.centring_depth``).
 
-Measured with MiniLM, no LLM, the question's own list at 20 facts (benchmarks/RESULTS.md): MQ-lite
+Measured with MiniLM, no LLM, the question's own list at 20 facts (lab/RESULTS.md): MQ-lite
 facts 0.355 -> 0.400 at w = 1, turns 0.237 -> 0.319; LoCoMo 0.521 -> 0.550; PrefEval 0.970 -> 0.990.
 
 :class:`MemoryCentre` keeps one mean vector per scope, built from the store's own vectors

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ._argtypes import OneLineParser, nonnegative_float, nonnegative_int, positive_int, unit_float
-from ._cli_llm import Interrupted, _embedder, add_llm_options, llm_from_args, required_llm
+from ._cli_llm import Interrupted, _embedder, add_llm_options, llm_from_args
 from .embedders import Embedder
 from .errors import InvalidArgumentError, PGRError
 from .llm import LLM
@@ -633,28 +633,6 @@ def _run_eval(
     return 0
 
 
-def cmd_memoryquest(args: argparse.Namespace) -> int:
-    """Build a MemoryQuest data set from persona profiles (resumable: rerun the same command)."""
-    from .evaluation.memoryquest import build_memoryquest
-
-    llm = required_llm(args, "memoryquest build")
-    out = build_memoryquest(
-        args.personas,
-        args.out,
-        llm=llm,
-        embedder=_embedder(args.embedder),
-        work_dir=args.work,
-        cache_dir=args.cache,
-        max_queries_per_user=args.max_queries,
-        max_cosine=args.max_cosine,
-        seed=args.seed,
-        log=_say,
-    )
-    print((args.work / "summary.json").read_text(encoding="utf-8"))
-    _say(f"written: {out} (load it with `pgr eval memoryquest --data {out}`)")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="pgr", description="Prospection-Guided Retrieval")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -718,7 +696,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--replies",
         type=Path,
         default=None,
-        help="answer every LLM request from recorded replies (llm-relay's folder, e.g. benchmarks/replies/capable); "
+        help="answer every LLM request from recorded replies (llm-relay's folder, e.g. lab/replies/capable); "
         "a request with no reply degrades",
     )
     ev.add_argument(
@@ -763,19 +741,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_llm_options(ev, no_llm=True)
     ev.add_argument("--embedder", choices=["auto", "minilm", "hashing"], default="auto")
     ev.set_defaults(func=cmd_eval)
-
-    mq = sub.add_parser("memoryquest", help="build a MemoryQuest data set from persona profiles with an LLM")
-    mq.add_argument("action", choices=["build"])
-    mq.add_argument("--personas", type=Path, required=True, help="JSONL of {user_id, persona} lines")
-    mq.add_argument("--out", type=Path, required=True, help="the data set to write (JSONL, docs/eval-format.md)")
-    mq.add_argument("--work", type=Path, required=True, help="checkpoint folder: rerun with it to resume")
-    mq.add_argument("--cache", type=Path, default=None, help="LLM reply cache folder")
-    mq.add_argument("--max-queries", type=positive_int, default=15, help="requests per user (the paper: 15)")
-    mq.add_argument("--max-cosine", type=unit_float, default=0.3, help="mean query-reference cosine allowed (0.3)")
-    mq.add_argument("--seed", type=int, default=0, help="draws the requests' dates")
-    add_llm_options(mq)
-    mq.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm", help="for the cosine filter")
-    mq.set_defaults(func=cmd_memoryquest)
 
     from .cli_write import register as register_write_side  # ingest, consolidate, guideline
 

@@ -23,7 +23,7 @@ class PGRConfig:
     - ``augment_top_k`` / ``augment_min_score``: Ko and τo of the augmentation lookup (5, 0.3). The
       paper's τo is 0.6; with MiniLM's cosines that floor left augmentation (and so Phase 1, which
       sees the same records) without a single record for 16 of 18 MQ-lite dev requests, so pgr uses
-      τ (see benchmarks/RESULTS.md).
+      τ (see lab/RESULTS.md).
     - ``delta``: δ, stop when a round adds fewer new facts (5).
     - ``max_rounds``: I_max, the most Phase-2 rounds (10).
     - ``query_only_k``: K of the query-only baseline (20).
@@ -35,7 +35,7 @@ class PGRConfig:
       :func:`pgr_core.ranking.earned_order`). 0.8 was best or level at ±1 on MQ-lite turns, PrefEval
       and LoCoMo among 0.7 to 1.0; the order before, every neighbour right behind its anchor, read below
       it at ±1 on all three (LoCoMo recall@20 0.524 against 0.560) and was deleted
-      (benchmarks/RESULTS.md, "Window neighbours earn their slot").
+      (lab/RESULTS.md, "Window neighbours earn their slot").
     - ``query_top_k``: K of the query's own probe in Phase 1 (20, the baseline's K, so the query's
       list can fill its share of any budget up to 40; the paper probes every text with K = 5).
     - ``ranking``: how R* is ordered for a budget (see :mod:`pgr_core.ranking`): ``"llm"`` (the
@@ -64,7 +64,7 @@ class PGRConfig:
       from the records it found) always runs, and Phase 1 always probes q_A beside the request, read
       like it (``query_top_k``, no floor); the query's share of R* holds each fact at its best score
       over the two lists. Probing q_A gained about +0.03 at 20 facts with the local 1.5B model's steps
-      (benchmarks/RESULTS.md, "q_A as a probe").
+      (lab/RESULTS.md, "q_A as a probe").
     - ``budget``: the :class:`Budget` every call runs under (LLM calls, tokens, deadline; no cap by
       default). A call's own ``budget=`` can only tighten it.
 

@@ -3,7 +3,7 @@
 A cue writer is asked about a whole session at once, so what it writes for one fact can read as
 another's. On MQ-lite's short dated facts the local 1.5B model's cue sets mostly stay with their fact;
 on LoCoMo's long chat turns they do not, and there summing the cue term into a fact's score costs
-recall (benchmarks/RESULTS.md). This module measures it per scope, with no LLM:
+recall (lab/RESULTS.md). This module measures it per scope, with no LLM:
 
 - a cue set is *aligned* when the mean of its cue vectors is closer to its own fact than to any other
   fact of the same session (the facts the writer saw beside it);

@@ -26,7 +26,7 @@ class Hygiene:
     - ``duplicate_threshold``: a step this close to an earlier probe (this round or before) is dropped.
     Without an embedder, word-set overlap (Jaccard) stands in for cosine. A probe keeps the query's own
     words: stripping them from the 1.5B model's steps found no more relevant turns (7 in all, as
-    without it; benchmarks/RESULTS.md), and that option was deleted.
+    without it; lab/RESULTS.md), and that option was deleted.
     """
 
     max_words: int = 32

@@ -41,7 +41,7 @@ def request_key(
 class RecordedLLM(LLM):
     """An LLM that answers only what it has a recorded reply for.
 
-    >>> llm = RecordedLLM.from_path("benchmarks/replies/capable")  # doctest: +SKIP
+    >>> llm = RecordedLLM.from_path("lab/replies/capable")  # doctest: +SKIP
 
     ``replies``: ``{key: reply text}`` (see :func:`request_key`). ``name`` is the model the replies
     came from, shown in traces.

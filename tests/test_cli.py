@@ -118,7 +118,6 @@ _TIMEOUT_COMMANDS = {
     "demo": ["demo"],
     "retrieve": ["retrieve", "q", "--store", "s.pgr"],
     "eval": ["eval", "jsonl", "--data", "d.jsonl"],
-    "memoryquest": ["memoryquest", "build", "--personas", "p.jsonl", "--out", "o.jsonl", "--work", "w"],
     "ingest": ["ingest", "jsonl", "--data", "d.jsonl", "--out", "o.pgr"],
     "consolidate": ["consolidate", "--store", "s.pgr"],
     "guideline": ["guideline", "show"],
@@ -127,26 +126,11 @@ _TIMEOUT_COMMANDS = {
 
 
 def _llm_of(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> object:
-    """The LLM the command named by ``argv`` would use (memoryquest: caught on its way to the builder)."""
+    """The LLM the command named by ``argv`` would use (every command builds it through llm_from_args)."""
     from pgr_core import cli
     from pgr_core._cli_llm import llm_from_args
 
-    args = cli.build_parser().parse_args(argv)
-    if argv[0] != "memoryquest":  # every other command builds its LLM through llm_from_args
-        return llm_from_args(args)
-    seen: dict[str, object] = {}
-
-    class Stop(Exception):
-        pass
-
-    def build(*a: object, llm: object, **k: object) -> None:
-        seen["llm"] = llm
-        raise Stop
-
-    monkeypatch.setattr("pgr_core.evaluation.memoryquest.build_memoryquest", build)
-    with pytest.raises(Stop):
-        cli.cmd_memoryquest(args)
-    return seen["llm"]
+    return llm_from_args(cli.build_parser().parse_args(argv))
 
 
 def test_llm_timeout_holds_when_the_url_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

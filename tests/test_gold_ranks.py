@@ -1,11 +1,11 @@
-"""benchmarks/gold_ranks.py: the rank of each gold item in a recorded list, and the summary of ranks."""
+"""lab/gold_ranks.py: the rank of each gold item in a recorded list, and the summary of ranks."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 
 from gold_ranks import rank_of, summarise
 

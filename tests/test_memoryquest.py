@@ -1,10 +1,14 @@
-"""MemoryQuest construction: the paper's filters and bounds, resuming, and the output's round trip."""
+"""MemoryQuest construction: the paper's filters and bounds, resuming, and the output's round trip.
+
+The builder is lab code, outside the wheel (lab/memoryquest/build.py); its tests stay in the suite.
+"""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import date, timedelta
 from pathlib import Path
@@ -15,8 +19,10 @@ import pytest
 from pgr_core.embedders import HashingEmbedder
 from pgr_core.errors import InvalidArgumentError, LLMError, LLMTimeoutError
 from pgr_core.evaluation.data import load_jsonl
-from pgr_core.evaluation.memoryquest import build_memoryquest, example_personas, load_personas
 from pgr_core.testing import ScriptedLLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab" / "memoryquest"))
+from build import build_memoryquest, example_personas, load_personas, main
 
 # References far from every request in the hashing embedder's space (no shared words).
 FAR = [
@@ -306,11 +312,8 @@ def test_personas_bundled_and_bad_files_named(tmp_path: Path) -> None:
 def test_cli_memoryquest_build_without_an_llm_says_how_to_give_one(
     tmp_path: Path, personas: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pgr_core.cli import main
-
     monkeypatch.setenv("PGR_LLM", "none")
-    code = main(["memoryquest", "build", "--personas", str(personas), "--out", str(tmp_path / "o.jsonl"),
-                 "--work", str(tmp_path / "w")])  # fmt: skip
+    code = main(["--personas", str(personas), "--out", str(tmp_path / "o.jsonl"), "--work", str(tmp_path / "w")])
     assert code == 2
     assert "--base-url" in capsys.readouterr().err
     assert not (tmp_path / "o.jsonl").exists()
@@ -321,8 +324,6 @@ def test_cli_memoryquest_build_end_to_end_over_http(
 ) -> None:
     from loopback_llm import LoopbackLLM, Request, ok
 
-    from pgr_core.cli import main
-
     world = World()
 
     def answer(request: Request) -> Any:
@@ -332,7 +333,7 @@ def test_cli_memoryquest_build_end_to_end_over_http(
     out = tmp_path / "mq.jsonl"
     with LoopbackLLM() as srv:
         srv.default = answer
-        args = ["memoryquest", "build", "--personas", str(personas), "--out", str(out), "--work", str(tmp_path / "w"),
+        args = ["--personas", str(personas), "--out", str(out), "--work", str(tmp_path / "w"),
                 "--cache", str(tmp_path / "c"), "--base-url", srv.base_url, "--model", "m", "--embedder", "hashing",
                 "--max-queries", "2"]  # fmt: skip
         assert main(args) == 0

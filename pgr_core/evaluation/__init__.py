@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from .cache import CachedLLM, request_key
 from .data import EvalQuestion, EvalSet, load_jsonl, load_locomo_set, load_prefeval, load_set
-from .memoryquest import build_memoryquest
 from .methods import METHODS, make_method, parse_method
 from .metrics import judged_recall, recall, recall_at, recall_exact, win_rate
 from .output import markdown, write_chart, write_report
@@ -20,7 +19,6 @@ __all__ = [
     "CachedLLM",
     "EvalQuestion",
     "EvalSet",
-    "build_memoryquest",
     "judged_recall",
     "load_jsonl",
     "load_locomo_set",

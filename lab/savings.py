@@ -1,9 +1,9 @@
 """What each saving of prospection saves, and what it costs in recall: LLM calls, tokens, embedding
 calls and store calls per query, with recall@20, on a LoCoMo subset.
 
-    python benchmarks/savings.py                                   # instant scripted LLM (the default)
-    python benchmarks/savings.py --every 200 --embedder hashing    # a tiny smoke run
-    PGR_LLM_BASE_URL=http://127.0.0.1:8081/v1 python benchmarks/savings.py --llm --every 39 \\
+    python lab/savings.py                                   # instant scripted LLM (the default)
+    python lab/savings.py --every 200 --embedder hashing    # a tiny smoke run
+    PGR_LLM_BASE_URL=http://127.0.0.1:8081/v1 python lab/savings.py --llm --every 39 \\
         --vectors-cache .pgr-cache/locomo-minilm.npy             # a real model, replies cached on disk
 
 Every configuration answers the same stream of queries: each selected question, then the same question

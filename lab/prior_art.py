@@ -1,13 +1,13 @@
 """pgr's cues against the write-time expansions that came before them, at the same write cost.
 
     # 1. write the prior art's generated questions (one LLM call per session, 4 per fact, cached):
-    python benchmarks/prior_art.py write --data ../shared/data/mq-lite/dev-facts.jsonl \
-        --base-url http://127.0.0.1:8090/v1 --model capable --cache benchmarks/replies/capable-questions.sqlite3
-    # (or --replies benchmarks/replies/capable: replay the recorded replies, no model at all)
+    python lab/prior_art.py write --data ../shared/data/mq-lite/dev-facts.jsonl \
+        --base-url http://127.0.0.1:8090/v1 --model capable --cache lab/replies/capable-questions.sqlite3
+    # (or --replies lab/replies/capable: replay the recorded replies, no model at all)
     # 2. score every method on the same facts, questions and MiniLM vectors (no LLM):
-    python benchmarks/prior_art.py score --data ../shared/data/mq-lite/dev-facts.jsonl \
-        --questions benchmarks/replies/capable-questions.sqlite3 --cues benchmarks/replies/capable-cues.sqlite3 \
-        --model capable --json benchmarks/results/capable/prior-art.json
+    python lab/prior_art.py score --data ../shared/data/mq-lite/dev-facts.jsonl \
+        --questions lab/replies/capable-questions.sqlite3 --cues lab/replies/capable-cues.sqlite3 \
+        --model capable --json lab/results/capable/prior-art.json
 
 The prior art, each scored as its authors score it:
 

@@ -1,6 +1,6 @@
 """Soak: several `pgr ingest` processes on one store, a reader between them, and random `kill -9`s.
 
-    python benchmarks/soak.py --seconds 120 [--writers 4] [--store DIR_OR_FILE.pgr] [--json out.json]
+    python lab/soak.py --seconds 120 [--writers 4] [--store DIR_OR_FILE.pgr] [--json out.json]
 
 What it does, for ``--seconds`` (bounded; run by ``nox -s soak``, not in CI):
 

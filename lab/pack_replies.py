@@ -1,6 +1,6 @@
 """Write the demo's replies.json: the recorded replies its default run asks for, and no others.
 
-    python benchmarks/pack_replies.py [benchmarks/replies/demo] [pgr_core/demo/replies.json]
+    python lab/pack_replies.py [lab/replies/demo] [pgr_core/demo/replies.json]
 
 Runs the bundled demo (MiniLM, the default strategy) against the llm-relay folder of the demo's
 recorded replies and keeps exactly the ones it used; fails if any request has no reply.
@@ -14,7 +14,7 @@ from pgr_core import PGR, demo
 from pgr_core.embedders import MiniLMEmbedder
 from pgr_core.recorded import RecordedLLM, request_key
 
-source = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/replies/demo")
+source = Path(sys.argv[1] if len(sys.argv) > 1 else "lab/replies/demo")
 out = Path(sys.argv[2] if len(sys.argv) > 2 else "pgr_core/demo/replies.json")
 recorded = RecordedLLM.from_path(source)
 used: dict[str, str] = {}

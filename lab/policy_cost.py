@@ -1,11 +1,11 @@
 """What the policy itself costs: its overhead over raw store time, store calls per round, and wall time
 per query as the store grows.
 
-    python benchmarks/policy_cost.py                          # in-memory store, 1k / 10k / 100k facts
-    python benchmarks/policy_cost.py --sizes 1000,10000 --qdrant   # Qdrant local too (pip install 'pgr[qdrant]')
-    python benchmarks/policy_cost.py --embedder minilm        # the real embedder (slower to build)
+    python lab/policy_cost.py                          # in-memory store, 1k / 10k / 100k facts
+    python lab/policy_cost.py --sizes 1000,10000 --qdrant   # Qdrant local too (pip install 'pgr[qdrant]')
+    python lab/policy_cost.py --embedder minilm        # the real embedder (slower to build)
 
-The facts are the synthetic multi-user memory of ``benchmarks/_synthetic.py`` (20 users, ordered turns).
+The facts are the synthetic multi-user memory of ``lab/_synthetic.py`` (20 users, ordered turns).
 The LLM is an instant scripted stand-in (``pgr_core.testing.ScriptedLLM``): every reply is ready at
 once, so whatever time is not spent in the store is the policy's own (prompt building, probe hygiene,
 merging, ranking, trace). For each strategy (feedback, CoT, ToT) and size it prints, per query:

@@ -2,9 +2,9 @@
 # One round of the relay procedure (docs/relay.md): file the helpers' answers, run pgr eval against
 # llm-relay, and split what is still pending into parts for the next helpers.
 #
-#   benchmarks/relay_round.sh REPLIES WORK PARTS -- pgr eval ARGS...
+#   lab/relay_round.sh REPLIES WORK PARTS -- pgr eval ARGS...
 #
-# REPLIES: the relay folder kept in the project (benchmarks/replies/<name>); llm-relay must be serving
+# REPLIES: the relay folder kept in the project (lab/replies/<name>); llm-relay must be serving
 # it (../shared/tools/llm-relay serve REPLIES 8090). WORK: a scratch folder: answers-*.json there are
 # filed first, then the new parts are written as WORK/next/part-<i>.md. Stop when it says 0 pending.
 set -euo pipefail

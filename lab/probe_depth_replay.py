@@ -1,6 +1,6 @@
 """How deep a step probe should read: the same steps re-probed at other K and τ, with no LLM.
 
-    python benchmarks/probe_depth_replay.py --data ../shared/data/mq-lite/dev-facts.jsonl \\
+    python lab/probe_depth_replay.py --data ../shared/data/mq-lite/dev-facts.jsonl \\
         --records mq-facts.records.jsonl [--methods pgr-cot] [--vector-cache .pgr-cache/vectors] [--json out.json]
 
 A ``pgr eval`` records file keeps every round's probes (the step texts the LLM wrote) in each PGR

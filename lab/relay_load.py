@@ -1,6 +1,6 @@
 """File a helper's answers {key: reply} into an llm-relay folder, never replacing one already filed.
 
-    python benchmarks/relay_load.py benchmarks/replies/capable answers.json
+    python lab/relay_load.py lab/replies/capable answers.json
 
 Unlike ``relay-batch.py load``, an answer already filed is kept: later rounds' prompts were written
 from it, so replacing it would orphan them (two helpers may answer the same request).

@@ -2,7 +2,7 @@
 set where the question alone finds almost every gold fact), the rank shows whether a change pushed the
 gold down or lifted it.
 
-    python benchmarks/gold_ranks.py prefeval --data ../shared/data/prefeval --per-topic 5 --fillers 5 \\
+    python lab/gold_ranks.py prefeval --data ../shared/data/prefeval --per-topic 5 --fillers 5 \\
         --filler-pool 6 --records plain.records.jsonl cued.records.jsonl [--methods query-only] [--json out.json]
 
 The set is loaded with the options the run used (the gold comes from it, not from the records). For

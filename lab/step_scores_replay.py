@@ -1,7 +1,7 @@
 """Do the LLM's steps carry signal a ranking could use? Every fact of the user scored offline against
 the request, its restatement q_A and the recorded steps, each centred as pgr centres a probe.
 
-    python benchmarks/step_scores_replay.py --data ../shared/data/mq-lite/dev-facts.jsonl \\
+    python lab/step_scores_replay.py --data ../shared/data/mq-lite/dev-facts.jsonl \\
         --records mq-e2.records.jsonl [--methods pgr-cot] [--vector-cache .pgr-cache/vectors] [--json out.json]
 
 A ``pgr eval`` records file keeps every round's probe texts in each PGR record's compact trace. This

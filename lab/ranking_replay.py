@@ -1,7 +1,7 @@
 """What each ranking strategy does with the same steps: recall@K of R* re-ordered offline.
 
-    python benchmarks/ranking_replay.py --data ../shared/data/mq-lite/dev-facts.jsonl \\
-        --records benchmarks/results/mq-facts.records.jsonl [--methods pgr-cot,pgr-tot] [--json out.json]
+    python lab/ranking_replay.py --data ../shared/data/mq-lite/dev-facts.jsonl \\
+        --records lab/results/mq-facts.records.jsonl [--methods pgr-cot,pgr-tot] [--json out.json]
 
 A ``pgr eval`` records file holds, for each PGR question, the probes of every round and what each
 returned (its compact trace), and for each question the query's own deep list (``_deep``, 400 facts).

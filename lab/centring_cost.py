@@ -1,10 +1,10 @@
 """What centring costs per query: the no-LLM retrieve centred and uncentred, against the plain search,
 on the embedded stores, with the scope's mean warm (cached) and cold (just after a write there).
 
-    python benchmarks/centring_cost.py                     # EdgeStore and InMemoryStore, 100 / 1k / 10k facts a user
-    python benchmarks/centring_cost.py --sizes 100,1000 --repeats 30
+    python lab/centring_cost.py                     # EdgeStore and InMemoryStore, 100 / 1k / 10k facts a user
+    python lab/centring_cost.py --sizes 100,1000 --repeats 30
 
-One user's memory of N facts (the synthetic turns of ``benchmarks/_synthetic.py``, cycled and
+One user's memory of N facts (the synthetic turns of ``lab/_synthetic.py``, cycled and
 numbered) beside nine other users' of the same size, hashing embedder (the time is the store's and
 the policy's, not a model's). For each store and N it prints the median milliseconds per query of:
 

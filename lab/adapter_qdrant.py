@@ -1,7 +1,7 @@
 """The Qdrant adapter under PGR: store calls, Qdrant calls and wall time per round, on 10,000 facts.
 
-    python benchmarks/adapter_qdrant.py                      # 10,000 facts, 20 queries, windows 0 and 1
-    python benchmarks/adapter_qdrant.py --facts 2000 --queries 5
+    python lab/adapter_qdrant.py                      # 10,000 facts, 20 queries, windows 0 and 1
+    python lab/adapter_qdrant.py --facts 2000 --queries 5
 
 The facts (templates x names x topics, in sessions of ordered turns, 20 users) go into Qdrant local
 mode (``:memory:``) through ``QdrantStore.upsert_facts``, embedded with MiniLM in batches. Each query

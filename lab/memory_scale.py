@@ -1,9 +1,9 @@
 """How InMemoryStore scales: the cost of one write as the store grows, and of searches among many tenants.
 
-    python benchmarks/memory_scale.py                               # N = 10k, 100k; 10,000 tenants x 100 facts
-    python benchmarks/memory_scale.py --sizes 10000,100000,1000000  # up to a million facts (about 1.5 GB)
-    python benchmarks/memory_scale.py --impl /tmp/memory_old.py     # the same figures for another memory.py
-    python benchmarks/memory_scale.py --json out.json
+    python lab/memory_scale.py                               # N = 10k, 100k; 10,000 tenants x 100 facts
+    python lab/memory_scale.py --sizes 10000,100000,1000000  # up to a million facts (about 1.5 GB)
+    python lab/memory_scale.py --impl /tmp/memory_old.py     # the same figures for another memory.py
+    python lab/memory_scale.py --json out.json
 
 Vectors are random 384-d unit rows. The embedder is a stand-in that hands out fixed random vectors
 (one of 4,096, picked by the text's CRC), so no figure includes embedding; facts are written with

@@ -1,7 +1,7 @@
 """The embedded stores at scale: EdgeStore (Qdrant's engine) beside InMemoryStore and Qdrant local mode.
 
-    python benchmarks/embedded_scale.py                      # small sizes, about a minute
-    python benchmarks/embedded_scale.py --tenants 10000 --per-tenant 100 --one-tenant 1000000 \\
+    python lab/embedded_scale.py                      # small sizes, about a minute
+    python lab/embedded_scale.py --tenants 10000 --per-tenant 100 --one-tenant 1000000 \\
         --real 100000 --json scale.json                      # the issue's sizes (tens of minutes)
 
 Every figure is measured in this run, on this machine; compare stores within one run (shared cores

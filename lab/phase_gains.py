@@ -1,7 +1,7 @@
 """What each phase of PGR adds: where each reference was first found, and whether R*'s head kept it.
 
-    python benchmarks/phase_gains.py --data ../shared/data/mq-lite/dev-facts.jsonl \\
-        --records benchmarks/results/capable/mq-facts-llm.records.jsonl [--methods pgr-cot,pgr-tot]
+    python lab/phase_gains.py --data ../shared/data/mq-lite/dev-facts.jsonl \\
+        --records lab/results/capable/mq-facts-llm.records.jsonl [--methods pgr-cot,pgr-tot]
 
 From each PGR record's compact trace (every round's phase, probes and the ids each returned), a
 reference is credited to the first of: augmentation (the query's strict lookup whose records the LLM

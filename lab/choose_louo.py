@@ -1,6 +1,6 @@
 """Choose a setting by leave-one-user-out: pick on two users, score the third, for every user.
 
-    python benchmarks/choose_louo.py --data ../shared/data/mq-lite/dev-facts.jsonl \\
+    python lab/choose_louo.py --data ../shared/data/mq-lite/dev-facts.jsonl \\
         --methods pgr-cot,pgr-tot --run shared-0.75=runs/a.records.jsonl --run scored=runs/b.records.jsonl \\
         [--json out.json]
 

@@ -1,6 +1,6 @@
 """Dense alone against BM25 + dense (fused by RRF in the engine) on EdgeStore, at the same number of facts.
 
-    python benchmarks/hybrid.py [--data ../shared/data] [--sets mq-facts,mq-turns,locomo] [--k 10,20] [--json out.json]
+    python lab/hybrid.py [--data ../shared/data] [--sets mq-facts,mq-turns,locomo] [--k 10,20] [--json out.json]
 
 For each data set, every fact goes into two EdgeStores built from the same MiniLM vectors (cached on
 disk, ``--vector-cache``): one dense, one ``hybrid=True``. Each question's own probe (query-only,
