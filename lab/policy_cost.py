@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from _synthetic import QUERIES, TOPICS, USERS, make_facts
@@ -59,7 +60,9 @@ class TimedStore(Store):
     def __init__(self, inner: Store, embedder: TimedEmbedder | None) -> None:
         self.inner, self.timed = inner, embedder
         self.embedder = getattr(inner, "embedder", None)
-        self.capabilities = inner.capabilities
+        self.capabilities = replace(
+            inner.capabilities, writable=False, window=False, lists=False, vectors=False, by_id=False, deletes=False
+        )  # searches only
         self.seconds = 0.0
         self.calls = 0
         self.scopes: set[Scope] = set()

@@ -10,9 +10,12 @@ I join a soccer league this summer?" with no LLM call in the query path.
 - The user's store is never written by the index: cues live in a pgr-owned embedded store (an
   :class:`~pgr_core.memory.InMemoryStore`, or an :class:`~pgr_core.edge.EdgeStore` directory; by
   default ``<DIR>/cues`` inside an EdgeStore), one record per cue, owned by the fact's owner.
-- Hits found only through a cue are fetched from the store by id in one batch (``get_many``), so a
-  deleted or changed fact is never served from a stale copy; their window neighbours come from the
-  store too (``with_window``). A hit that a cue won records it (:attr:`Hit.cue`).
+- Hits found only through a cue are fetched from the store by id in one batch (``get_many``: the
+  store declares ``capabilities.by_id``), so a deleted or changed fact is never served from a stale
+  copy; their window neighbours come from the store too (``with_window``, where it declares
+  ``window``). A hit that a cue won records it (:attr:`Hit.cue`). The wrapper declares what the
+  wrapped store declares (its methods are reached through the wrapper), less ``cosine_scores``
+  under centred scoring.
 - Writes through the wrapper keep the index true: a fact whose text changed loses its old cues (and
   gets new ones when a :class:`~pgr_core.cues.CueWriter` is attached); a deleted fact's cues go; a
   consolidated fact (``metadata["merged_from"]``) gets the union of its sources' cues.
@@ -249,7 +252,8 @@ class Anticipating(AddsOneFact, Store):
             # must not leave it open, its lock held, behind an error the caller cannot close
             _close(store)
             raise
-        # centred scores are not cosines (τ still reads the cosines behind them)
+        # the wrapped store's abilities, its methods reached through the wrapper (__getattr__; add_facts
+        # and delete keep the cues in step); centred scores are not cosines (τ reads the ones behind them)
         cosine = store.capabilities.cosine_scores and scoring == "max"
         self.capabilities = replace(store.capabilities, cosine_scores=cosine)  # type: ignore[misc]
         self.name = f"anticipating:{getattr(store, 'name', type(store).__name__)}"
@@ -276,9 +280,12 @@ class Anticipating(AddsOneFact, Store):
             index = EdgeStore(store.path / "cues", embedder=store.embedder)
         else:
             index = InMemoryStore(embedder=embedder)
-        if not all(callable(getattr(index, m, None)) for m in ("add_facts", "delete", "facts_for")):
+        missing = [f for f in ("writable", "deletes", "lists") if not getattr(index.capabilities, f)]
+        if missing:
             raise ConfigurationError(
-                f"the cue index must be a writable pgr store (InMemoryStore or EdgeStore), got {type(index).__name__}"
+                "the cue index must be a writable pgr store (InMemoryStore or EdgeStore) that declares "
+                f"capabilities writable, deletes and lists (add_facts, delete, facts_for); "
+                f"{type(index).__name__} does not declare {', '.join(missing)}"
             )
         return index
 
@@ -460,29 +467,22 @@ class Anticipating(AddsOneFact, Store):
         wanted = set(fact_ids)
         if not wanted:
             return []
-        get_many = getattr(self.cues, "get_many", None)
-        if callable(get_many):
-            return list(get_many([c for f in wanted for c in cue_ids(f, per_fact)], scope=scope).values())
+        if self.cues.capabilities.by_id:
+            ids = [c for f in wanted for c in cue_ids(f, per_fact)]
+            return list(self.cues.get_many(ids, scope=scope).values())  # type: ignore[attr-defined]
         listed = self.cues.facts_for(scope)  # type: ignore[attr-defined]
         return [r for r in listed if str(r.metadata.get("fact_id") or "") in wanted]
 
     def _fetch(self, facts: Mapping[str, tuple[str, Scope]]) -> dict[str, Fact]:
         """fact key -> the fact, for facts named by (id, owner): fetched owner by owner (two agents of one
         user may hold the same id)."""
-        get_many = getattr(self.store, "get_many", None)
-        get = getattr(self.store, "get", None)
-        if not callable(get_many) and not callable(get):
-            raise ConfigurationError(
-                f"{type(self.store).__name__} cannot fetch facts by id (get_many or get), so facts found "
-                "through their cues cannot be returned; Anticipating needs one of them"
-            )
+        self.store.capabilities.require(
+            "by_id", self.store, "Anticipating needs to return the facts found through their cues"
+        )
+        get_many = self.store.get_many  # type: ignore[attr-defined]
         out: dict[str, Fact] = {}
         for owner, ids in _grouped(facts.values()).items():
-            if callable(get_many):
-                got = dict(get_many(ids, scope=owner))
-            else:
-                got = {i: f for i in ids if (f := get(i, scope=owner)) is not None}  # type: ignore[misc]
-            out.update((f.key, f) for f in got.values())
+            out.update((f.key, f) for f in dict(get_many(ids, scope=owner)).values())
         return out
 
     def _windowed(
@@ -491,8 +491,8 @@ class Anticipating(AddsOneFact, Store):
         if not params.window:
             return direct
         need = [h for h in direct if h.key not in windows]
-        with_window = getattr(self.store, "with_window", None)
-        if need and callable(with_window) and self.capabilities.window:
+        if need and self.capabilities.window:  # the wrapped store's with_window
+            with_window = self.store.with_window  # type: ignore[attr-defined]
             for neighbours in with_window(need, scope=scope, window=params.window).values():
                 for n in neighbours:
                     windows.setdefault(n.anchor or "", []).append(replace(n, rank=0))
@@ -625,12 +625,8 @@ class Anticipating(AddsOneFact, Store):
         no usable cues is simply left for the next build. ``progress(done, total)`` after each session.
         """
         scope = Scope.coerce(scope)
-        lister = getattr(self.store, "facts_for", None)
-        if not callable(lister):
-            raise ConfigurationError(
-                f"{type(self.store).__name__} cannot list its facts (facts_for), so cues cannot be backfilled"
-            )
-        facts: list[Fact] = list(lister(scope))
+        self.store.capabilities.require("lists", self.store, "backfilling cues needs")
+        facts: list[Fact] = list(self.store.facts_for(scope))  # type: ignore[attr-defined]
         report = CueBuildReport()
         todo = self._uncued(facts, scope)[0]
         report.already = len(facts) - len(todo)

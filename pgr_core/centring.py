@@ -66,11 +66,12 @@ class _Centre:
     typical: dict[str, float]
 
 
-def centrable(store: Any, embedder: Any = None) -> bool:
+def centrable(store: Store, embedder: Any = None) -> bool:
     """Whether a :class:`MemoryCentre` over ``store`` can build a scope's mean: the store lists a
-    scope's facts (``facts_for``) and reads their vectors (``vectors_for``), or ``embedder`` embeds them."""
-    lists = callable(getattr(store, "facts_for", None))
-    return lists and (callable(getattr(store, "vectors_for", None)) or embedder is not None)
+    scope's facts (``capabilities.lists``: ``facts_for``) and gives their vectors (``capabilities.vectors``:
+    ``vectors_for``), or ``embedder`` embeds them."""
+    caps = store.capabilities
+    return caps.lists and (caps.vectors or embedder is not None)
 
 
 class PerScope(Generic[T]):
@@ -169,13 +170,15 @@ class MemoryCentre:
         return self._centres.get(scope, self._build)
 
     def _build(self, scope: Scope) -> _Centre:
-        lister = getattr(self.store, "facts_for", None)
-        if not callable(lister):
-            raise CentringUnavailable(f"{type(self.store).__name__} cannot list a scope's facts (no facts_for)")
-        facts = list(lister(scope))
+        caps = self.store.capabilities
+        if not caps.lists:
+            raise CentringUnavailable(
+                f"{type(self.store).__name__} cannot list a scope's facts (no capabilities.lists: facts_for)"
+            )
+        facts = list(self.store.facts_for(scope))  # type: ignore[attr-defined]
         centre = _Centre(None, {})
         if facts:
-            if getattr(self.store, "vectors_for", None) is None and len(facts) > _MAX_EMBEDDED:
+            if not caps.vectors and len(facts) > _MAX_EMBEDDED:
                 step = len(facts) / _MAX_EMBEDDED
                 facts = [facts[int(i * step)] for i in range(_MAX_EMBEDDED)]
             vectors = self._vectors(scope, facts)
@@ -187,13 +190,13 @@ class MemoryCentre:
         return read_vectors(self.store, self.embedder, scope, facts)
 
 
-def read_vectors(store: Any, embedder: Embedder | None, scope: Scope, facts: Sequence[Fact]) -> np.ndarray:
+def read_vectors(store: Store, embedder: Embedder | None, scope: Scope, facts: Sequence[Fact]) -> np.ndarray:
     """Unit vectors of ``facts``, seen from ``scope``: the store's own (``vectors_for``, asked owner by
-    owner: two agents of one user may hold the same id) where it gives them, else ``embedder``'s over
-    their texts. Raises :class:`CentringUnavailable` when neither can."""
-    own = getattr(store, "vectors_for", None)
+    owner: two agents of one user may hold the same id) where it declares ``capabilities.vectors``, else
+    ``embedder``'s over their texts. Raises :class:`CentringUnavailable` when neither can."""
     texts = [f.text for f in facts]
-    if callable(own) and facts:
+    if store.capabilities.vectors and facts:
+        own = store.vectors_for  # type: ignore[attr-defined]
         rows: dict[Scope, list[int]] = {}
         for at, fact in enumerate(facts):
             rows.setdefault(fact.scope if scope.allows(fact.scope) else scope, []).append(at)
@@ -207,8 +210,8 @@ def read_vectors(store: Any, embedder: Embedder | None, scope: Scope, facts: Seq
             pass  # a fact written meanwhile, or one the store resolves differently: embed instead
     if embedder is None:
         raise CentringUnavailable(
-            f"{type(store).__name__} gives no vectors (vectors_for) and no embedder was given: "
-            "pass PGR(..., embedder=...) or centring=None"
+            f"{type(store).__name__} gives no vectors (no capabilities.vectors: vectors_for) and no embedder "
+            "was given: pass PGR(..., embedder=...) or centring=None"
         )
     return unit_rows(embedder.embed(texts))
 

@@ -198,11 +198,12 @@ class CueTrust:
             return Alignment()
 
     def _judge(self, scope: Scope) -> Alignment:
-        lister = getattr(self.store, "facts_for", None)
-        if not callable(lister):
-            raise CentringUnavailable(f"{type(self.store).__name__} cannot list a scope's facts (no facts_for)")
+        if not self.store.capabilities.lists:
+            raise CentringUnavailable(
+                f"{type(self.store).__name__} cannot list a scope's facts (no capabilities.lists: facts_for)"
+            )
         by_session: dict[tuple[Scope, str], list[Fact]] = {}
-        for fact in lister(scope):
+        for fact in self.store.facts_for(scope):  # type: ignore[attr-defined]
             session = session_of(fact)
             if session:  # a fact with no session has no neighbours to be told apart from
                 by_session.setdefault((fact.scope, session), []).append(fact)

@@ -25,6 +25,7 @@ import uuid
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -216,7 +217,16 @@ class EdgeStore(AddsOneFact, Store):
     >>> store.close()  # doctest: +SKIP
     """
 
-    capabilities: ClassVar[Capabilities] = Capabilities(writable=True, dates=True, cosine_scores=True, window=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        writable=True,
+        dates=True,
+        cosine_scores=True,
+        window=True,
+        lists=True,
+        vectors=True,
+        by_id=True,
+        deletes=True,
+    )
     #: a bulk add_facts of at least this many facts builds the HNSW index before returning
     auto_optimize_at: int = 10_000
     #: flush the segments after a write once this many seconds have passed since the last flush
@@ -287,7 +297,7 @@ class EdgeStore(AddsOneFact, Store):
             raise
         self._bm25 = engine.Bm25() if self._hybrid else None
         if self._hybrid:  # RRF scores are not cosines: τ means something else here
-            self.__dict__["capabilities"] = Capabilities(writable=True, dates=True, cosine_scores=False, window=True)
+            self.__dict__["capabilities"] = replace(EdgeStore.capabilities, cosine_scores=False)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], **options: Any) -> EdgeStore:

@@ -175,7 +175,16 @@ class InMemoryStore(AddsOneFact, Store):
     >>> store.add("I hurt my knee in March", scope=Scope(user_id="u1"), date="2025-03-10")  # doctest: +SKIP
     """
 
-    capabilities: ClassVar[Capabilities] = Capabilities(writable=True, dates=True, cosine_scores=True, window=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        writable=True,
+        dates=True,
+        cosine_scores=True,
+        window=True,
+        lists=True,
+        vectors=True,
+        by_id=True,
+        deletes=True,
+    )
 
     def __init__(self, embedder: Embedder | None = None, *, embedding_cache: int = 4096) -> None:
         if isinstance(embedding_cache, bool) or not isinstance(embedding_cache, int) or embedding_cache < 0:

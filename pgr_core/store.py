@@ -40,7 +40,10 @@ class Store(ABC):
     Subclasses implement :meth:`search_batch`. The policy makes exactly one call per round with every
     probe of that round, so an adapter can embed all probes at once and make one search round trip.
     Declare what the store can do in ``capabilities``; override :meth:`asearch_batch` when the backend
-    has a native async client (the default runs the sync method in a thread).
+    has a native async client (the default runs the sync method in a thread). Every other method pgr
+    may call (``add_facts``, ``with_window``, ``facts_for``, ``vectors_for``, ``get``/``get_many``,
+    ``delete``) is optional, and pgr calls it only where its :class:`~pgr_core.types.Capabilities`
+    flag is declared (docs/stores.md, "The store contract").
 
     The policy reaches the hook only through ``_checked_search``, which holds the store to its contract:
     a scope on every call (``ScopeError`` without one), no search at all on a store whose

@@ -10,9 +10,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .errors import InvalidArgumentError, ScopeError
+from .errors import ConfigurationError, InvalidArgumentError, ScopeError
 
-__all__ = ["Budget", "Capabilities", "Fact", "Hit", "Scope", "SearchParams", "owner_fields"]
+__all__ = ["CAPABILITY_METHODS", "Budget", "Capabilities", "Fact", "Hit", "Scope", "SearchParams", "owner_fields"]
 
 
 @dataclass(frozen=True)
@@ -205,17 +205,55 @@ class SearchParams:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a store can do, declared once; the policy and the conformance suite read it."""
+    """What a store can do, declared once; the policy and the conformance suite read it.
+
+    Every store implements ``search_batch``. A flag set here promises the method beside it, and pgr
+    asks a store for an optional method only where its flag is set (never by looking for the method):
+
+    - ``writable``: facts can be written, ``add_facts(facts)`` (``upsert_facts`` on a QdrantStore).
+    - ``window``: keeps session and position (``SearchParams.window``), and ``with_window(hits, scope=, window=)``.
+    - ``lists``: ``facts_for(scope)`` gives every fact ``scope`` allows.
+    - ``vectors``: ``vectors_for(ids, scope=)`` gives the stored unit vectors of those facts, a row each.
+    - ``by_id``: ``get(id, scope=)`` and ``get_many(ids, scope=)`` fetch facts by id, within the scope.
+    - ``deletes``: ``delete(ids, scope=)`` removes those of the facts ``scope`` allows, returning how many.
+
+    The conformance suite (:mod:`pgr_core.testing.conformance`) checks that each declared flag's
+    method is there and works, and skips the tests that need an ability a store does not declare.
+    """
 
     writable: bool = False
     dates: bool = False  # facts come back with their dates
     cosine_scores: bool = False  # scores are cosine similarities in [-1, 1], so τ means what it says
-    window: bool = False  # keeps session and position, so SearchParams.window works
+    window: bool = False  # keeps session and position, so SearchParams.window works (and with_window)
     native_async: bool = False
     # Every search is filtered by the caller's scope in the backend itself. A store that cannot do that
     # (a shared index without owner metadata) declares False, and pgr refuses to search it at all
     # rather than search unscoped (ConfigurationError when PGR is built or a search is made).
     scoped: bool = True
+    lists: bool = False  # facts_for(scope)
+    vectors: bool = False  # vectors_for(ids, scope=)
+    by_id: bool = False  # get(id, scope=) and get_many(ids, scope=)
+    deletes: bool = False  # delete(ids, scope=)
+
+    def require(self, flag: str, store: object, needed_for: str) -> None:
+        """Raise :class:`~pgr_core.errors.ConfigurationError` unless ``flag`` is declared, naming the
+        flag, its method and what needed it (``store`` names the store by its type)."""
+        if not getattr(self, flag):
+            raise ConfigurationError(
+                f"{type(store).__name__} does not declare capabilities.{flag} "
+                f"({CAPABILITY_METHODS[flag]}), which {needed_for}"
+            )
+
+
+#: The method each optional :class:`Capabilities` flag promises (what a store declaring it implements).
+CAPABILITY_METHODS: dict[str, str] = {
+    "writable": "add_facts(facts)",
+    "window": "with_window(hits, scope=, window=)",
+    "lists": "facts_for(scope)",
+    "vectors": "vectors_for(ids, scope=)",
+    "by_id": "get(id, scope=) and get_many(ids, scope=)",
+    "deletes": "delete(ids, scope=)",
+}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -61,7 +62,10 @@ class SpyStore(Store):
         self.embedder = getattr(inner, "embedder", None)
         self.calls: list[tuple[list[str], Scope, SearchParams]] = []
 
-    capabilities = InMemoryStore.capabilities
+    # searches only: InMemoryStore's other abilities are its inner's, not this wrapper's
+    capabilities = replace(
+        InMemoryStore.capabilities, writable=False, window=False, lists=False, vectors=False, by_id=False, deletes=False
+    )
 
     def search_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
         self.calls.append((list(probes), scope, params))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -304,13 +305,33 @@ def test_the_default_rule_centres_where_the_store_can_be_centred_and_falls_back_
     assert Anticipating(inner).scoring == "centred" and Anticipating(inner).centres_scores
 
     class Opaque(InMemoryStore):  # lists no facts (a store that cannot, like a Mem0Store with no embedder)
-        facts_for = None  # type: ignore[assignment]
+        capabilities = replace(InMemoryStore.capabilities, lists=False)
 
     opaque = Anticipating(Opaque(embedder=HashingEmbedder()), cues=InMemoryStore(embedder=HashingEmbedder()))
     assert opaque.scoring == "max" and not opaque.centres_scores
     assert opaque.capabilities.cosine_scores
     with pytest.raises(InvalidArgumentError, match="'auto', 'max', 'centred'"):
         Anticipating(inner, scoring="sum")
+
+
+def test_what_the_store_does_not_declare_is_refused_by_its_flag_never_looked_for() -> None:
+    class Undeclared(InMemoryStore):  # has every method, declares none beyond searching and writing
+        capabilities = replace(InMemoryStore.capabilities, lists=False, vectors=False, by_id=False, deletes=False)
+
+    inner = Undeclared(embedder=HashingEmbedder())
+    knee = Fact(id="knee", text="I had knee surgery in April", scope=U1)
+    inner.add_facts([knee])
+    wrapped = Anticipating(inner, cues=InMemoryStore(embedder=HashingEmbedder()))
+    assert wrapped.scoring == "max"  # it cannot list a scope's facts: no centring
+    assert wrapped.capabilities == inner.capabilities  # the wrapped store's, cosines kept under "max"
+    wrapped.put_cues({"knee": ["training plan for a marathon"]}, [knee])
+    params = SearchParams(top_k=3, min_score=0.5)  # the knee fact comes through its cue only
+    with pytest.raises(ConfigurationError, match=r"capabilities\.by_id \(get\(id, scope=\) and get_many"):
+        wrapped.search_batch(["training plan for a marathon"], scope=U1, params=params)
+    with pytest.raises(ConfigurationError, match=r"capabilities\.lists \(facts_for\(scope\)\), which backfilling"):
+        wrapped.build(CueWriter(cue_llm({})), scope=U1)
+    with pytest.raises(ConfigurationError, match="does not declare deletes, lists"):
+        Anticipating(InMemoryStore(embedder=HashingEmbedder()), cues=inner)
 
 
 # --------------------------------------------------------------------------- lifecycle

@@ -122,6 +122,8 @@ class SearchOnly(Store):
 class Listed(SearchOnly):
     """Lists a scope's facts but keeps no vectors to give: the mean is embedded."""
 
+    capabilities = Capabilities(scoped=True, lists=True)
+
     def __init__(self, inner: InMemoryStore) -> None:
         super().__init__(inner)
         self.embedder = inner.embedder

@@ -6,6 +6,7 @@ carries the caller's scope; a failed second call leaves the request's own list."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -58,7 +59,10 @@ class Spy(Store):
         self.calls: list[tuple[list[str], Scope, SearchParams]] = []
         self.fail_on = fail_on
 
-    capabilities = InMemoryStore.capabilities
+    # searches and lists (facts_for) only
+    capabilities = replace(
+        InMemoryStore.capabilities, writable=False, window=False, vectors=False, by_id=False, deletes=False
+    )
 
     def search_batch(self, probes: Sequence[str], *, scope: Scope, params: SearchParams) -> list[list[Hit]]:
         self.calls.append((list(probes), scope, params))

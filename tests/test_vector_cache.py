@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -141,8 +142,8 @@ def test_closeness_reuses_the_store_vectors_and_matches_embedding_afresh(capsys:
     assert set(inner.texts) == {q.question for q in questions}  # no gold fact embedded again
     assert "baseline lists: gold closeness: 3/3" in capsys.readouterr().err
 
-    class NoVectors(InMemoryStore):
-        vectors_for = None  # a store that cannot give its vectors: the gold is embedded
+    class NoVectors(InMemoryStore):  # a store that cannot give its vectors: the gold is embedded
+        capabilities = replace(InMemoryStore.capabilities, vectors=False)
 
     counted = Counting("hashing-like", 256)
     other = NoVectors(embedder=counted)

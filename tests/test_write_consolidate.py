@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,20 @@ def test_a_store_that_cannot_delete_is_refused_with_what_it_lacks() -> None:
 
     with pytest.raises(ConfigurationError, match=r"delete\(ids\)"):
         Consolidator(AddOnly())
+
+
+def test_a_pgr_store_is_taken_at_what_it_declares() -> None:
+    class Undeclared(InMemoryStore):  # has delete and facts_for, declares neither
+        capabilities = replace(InMemoryStore.capabilities, deletes=False, lists=False)
+
+    with pytest.raises(ConfigurationError, match=r"lacks delete\(ids\) \(capabilities\.deletes\)"):
+        Consolidator(Undeclared(embedder=HashingEmbedder()))
+
+    class ReadOnly(InMemoryStore):
+        capabilities = replace(InMemoryStore.capabilities, writable=False)
+
+    with pytest.raises(ConfigurationError, match=r"capabilities\.writable"):
+        Ingestor(ReadOnly(embedder=HashingEmbedder()))
 
 
 def test_ingestion_consolidates_once_enough_new_facts_came_in() -> None:

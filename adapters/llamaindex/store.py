@@ -130,13 +130,15 @@ class RetrieverStore(Store):
     or the one passed as ``docstore=``; for a vector store that keeps the nodes itself (``stores_text``),
     from its ``get_nodes``. Each comes right after its anchor as ``Hit(neighbour_of=anchor id)``,
     ordered -1, +1, -2, +2... The ``window`` capability is declared only when such a lookup exists.
-    The same look-up serves facts by id (:meth:`get_many`) and the window of given hits
+    The same look-up serves facts by id (:meth:`get_many`, :meth:`get`) and the window of given hits
     (:meth:`with_window`), which :class:`pgr_core.Anticipating` asks for the facts its cues found,
     and the listing of every fact of a scope (:meth:`facts_for`) that ``Anticipating.build`` backfills.
     Under ``scope_filter`` the retriever it builds for the scope says where: a ``VectorIndexRetriever``'s
     index (a per-scope index is that scope's own; its nodes are the scope's when it is unfiltered),
     else the store's own look-up; a node found there that no unfiltered per-scope index vouches for
     counts only when its metadata names an owner the scope allows (a look-up by id bypasses filters).
+    The ``by_id`` and ``lists`` capabilities are declared where such a look-up exists or may
+    (``scope_filter``: the retriever built for a scope brings one or not).
 
     Declare what you know about your data: ``cosine_scores=True`` when scores are cosine similarities
     (so τ means what it says), ``dates=True`` when every node carries a date.
@@ -226,11 +228,17 @@ class RetrieverStore(Store):
         vector_store = getattr(index, "vector_store", None) if isinstance(index, VectorStoreIndex) else None
         self._node_store = vector_store if getattr(vector_store, "stores_text", False) else None
         # instance-level: what a retriever can do depends on the retriever and on what the user declares
+        lookup = self.docstore is not None or self._node_store is not None
+        # facts by id and a scope's listing need a node look-up: the store's own, or under scope_filter
+        # the one of the retriever it builds for each scope (get_many and facts_for say when there is none)
+        reads = lookup or self.scoping == "scope_filter"
         self.capabilities = Capabilities(  # type: ignore[misc]
             dates=dates,
             cosine_scores=cosine_scores,
-            window=self.docstore is not None or self._node_store is not None,
+            window=lookup,
             native_async=True,
+            lists=reads,  # facts_for
+            by_id=reads,  # get, get_many
         )
         self._lock = threading.Lock()
         self.retriever_calls = 0  # retrieve / aretrieve calls made, one per probe
@@ -529,6 +537,10 @@ class RetrieverStore(Store):
             if node is not None and owner is not None:
                 out[fact_id] = self.fact(node, owner)
         return out
+
+    def get(self, fact_id: str, *, scope: Scope | Mapping[str, str]) -> Fact | None:
+        """The node ``fact_id`` as a fact if ``scope`` may see it, else None: :meth:`get_many` of that one id."""
+        return self.get_many([fact_id], scope=scope).get(str(fact_id))
 
     def with_window(
         self, hits: Sequence[Hit], *, scope: Scope | Mapping[str, str], window: int

@@ -92,7 +92,9 @@ class Mem0Store(Store):
     ``created_at``, ``updated_at``, type and metadata from mem0's ``metadata``, and the mem0 record itself.
     """
 
-    capabilities: ClassVar[Capabilities] = Capabilities(writable=True, dates=True, cosine_scores=True, window=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        writable=True, dates=True, cosine_scores=True, window=False, lists=True, by_id=True
+    )
     #: mem0 dates without a timezone are read as UTC; PGR reads a naive query date so too.
     naive_dates_are_utc: ClassVar[bool] = True
 
@@ -127,6 +129,8 @@ class Mem0Store(Store):
             cosine_scores=raw_scores and provider in _COSINE_PROVIDERS,
             window=False,
             native_async=self.is_async,
+            lists=True,  # facts_for
+            by_id=True,  # get, get_many
         )
         self._filters: dict[str, Any] = {}  # metadata filters of one drop-in call (see _view)
         self._show_expired = False
@@ -348,6 +352,10 @@ class Mem0Store(Store):
             if fact is not None and fact.id == fact_id:
                 out[fact_id] = fact
         return out
+
+    def get(self, fact_id: str, *, scope: Scope | Mapping[str, str]) -> Fact | None:
+        """The memory ``fact_id`` as a fact if ``scope`` may see it, else None: :meth:`get_many` of that one id."""
+        return self.get_many([fact_id], scope=scope).get(str(fact_id))
 
     async def _aget_items(self, ids: list[str]) -> list[Any]:
         return list(await asyncio.gather(*(self.memory.get(i) for i in ids)))

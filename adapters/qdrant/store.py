@@ -172,7 +172,7 @@ class QdrantStore(Store):
     only) is fused over its dense side alone.
     """
 
-    capabilities: ClassVar[Capabilities] = Capabilities(writable=True, dates=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(writable=True, dates=True, lists=True, by_id=True)
     #: Payload dates without a timezone are read as UTC; PGR reads a naive query date so too.
     naive_dates_are_utc: ClassVar[bool] = True
 
@@ -220,7 +220,9 @@ class QdrantStore(Store):
         self._async = isinstance(client, AsyncQdrantClient)
         self._local = isinstance(getattr(client, "_client", None), QdrantLocal | AsyncQdrantLocal)
         self._layout: CollectionLayout | None = None
-        self.capabilities = Capabilities(writable=True, dates=True, native_async=self._async)  # type: ignore[misc]
+        self.capabilities = Capabilities(  # type: ignore[misc]
+            writable=True, dates=True, native_async=self._async, lists=True, by_id=True
+        )
         self.out_of_scope_dropped = 0  # points a search dropped: their owner fields were not plainly the caller's
         self._count_lock = threading.Lock()
         if not self._async or self._local:
@@ -375,6 +377,8 @@ class QdrantStore(Store):
             cosine_scores=layout.distance == qm.Distance.COSINE and self.sparse_vector is None,
             window=layout.window,
             native_async=self._async,
+            lists=True,  # facts_for
+            by_id=True,  # get, get_many
         )
         return layout
 
@@ -437,6 +441,10 @@ class QdrantStore(Store):
             fact = self.fact_from_payload(record.id, record.payload or {})
             found.setdefault(fact.id, fact)
         return {i: found[i] for i in wanted if i in found}  # in the order asked
+
+    def get(self, fact_id: str, *, scope: Scope | Mapping[str, str]) -> Fact | None:
+        """The fact ``fact_id`` if ``scope`` may see it, else None: :meth:`get_many` of that one id."""
+        return self.get_many([fact_id], scope=scope).get(str(fact_id))
 
     def facts_for(self, scope: Scope | Mapping[str, str]) -> list[Fact]:
         """Every fact ``scope`` may see, built as a search builds its hits (:meth:`fact_from_payload`):

@@ -36,9 +36,12 @@ def answer_with(
     """pgr's answer prompt filled with the facts ``ids``: the first ``k`` with no summary, or, with a
     ``summary``, as :meth:`PGR.answer` fills it (PAG: as many as fit ``answer_context_tokens``, after
     the summary); None when the LLM fails."""
-    get = getattr(store, "get", None)
-    if get is None:
-        raise TypeError("answer comparison needs a store with get(fact_id, scope=...), e.g. InMemoryStore")
+    if not store.capabilities.by_id:
+        raise TypeError(
+            "answer comparison needs a store that declares capabilities.by_id (get(fact_id, scope=...)), "
+            "e.g. InMemoryStore"
+        )
+    get = store.get  # type: ignore[attr-defined]
     facts = [f for f in (get(i, scope=q.scope) for i in (ids if summary else ids[:k])) if f is not None]
     found = [FoundFact(fact=f, score=0.0, rank_score=0.0, round=0, probe="") for f in facts]
     p = Prospection(

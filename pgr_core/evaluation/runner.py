@@ -279,26 +279,28 @@ def _one_line(text: str, limit: int = 500) -> str:
 
 
 def _facts(store: Store, ids: Sequence[str], scope: Scope) -> list[Any]:
-    """The facts ``ids`` that ``scope`` (the question's user) may see."""
-    get = getattr(store, "get", None)
-    if get is None:
+    """The facts ``ids`` that ``scope`` (the question's user) may see (none from a store that does not
+    declare ``capabilities.by_id``)."""
+    if not store.capabilities.by_id:
         return []
+    get = store.get  # type: ignore[attr-defined]
     return [f for f in (get(i, scope=scope) for i in ids) if f is not None]
 
 
 def _closeness(store: Store, questions: Sequence[EvalQuestion]) -> list[float | None]:
     """Max cosine between each question and its gold facts (None without gold or an embedder).
 
-    The gold facts' vectors are the store's own when it gives them (``vectors_for``): re-embedding
-    every question's gold costs minutes on a large set. Otherwise they go through the store's embedder.
+    The gold facts' vectors are the store's own when it gives them (``capabilities.vectors``:
+    ``vectors_for``): re-embedding every question's gold costs minutes on a large set. Otherwise they
+    go through the store's embedder. The gold is fetched by id (``capabilities.by_id``).
     """
     embedder = getattr(store, "embedder", None)
-    if embedder is None or getattr(store, "get", None) is None:
+    if embedder is None or not store.capabilities.by_id:
         return [None] * len(questions)
     q_vecs = embed_in_chunks(
         embedder.embed, [q.question for q in questions], "baseline lists: embedding questions", dim=embedder.dim
     )
-    stored = getattr(store, "vectors_for", None)
+    stored = store.vectors_for if store.capabilities.vectors else None  # type: ignore[attr-defined]
     progress = Progress(len(questions), "baseline lists: gold closeness")
     out: list[float | None] = []
     for vec, q in zip(q_vecs, questions, strict=True):

@@ -16,12 +16,16 @@ An adapter's test file subclasses :class:`StoreConformance` and supplies two fix
             return MyStore(<a backend that fails on search>)
 
 Tests that need a capability the store does not declare (``Store.capabilities``) skip with a reason
-naming it; the suite never needs a test deleted. Facts are told apart by their text (an adapter may
-assign its own ids), so the corpus texts are unique.
+naming the flag and its method; the suite never needs a test deleted, and never looks for a method a
+store did not declare. ``test_declared_capabilities_are_honest`` holds the declaration to the store:
+each optional flag declared (``writable``, ``window``, ``lists``, ``vectors``, ``by_id``,
+``deletes``) has its method, and it works on the corpus. Facts are told apart by their text (an
+adapter may assign its own ids), so the corpus texts are unique.
 
 :class:`AnticipatingConformance` runs the whole suite again through :class:`~pgr_core.Anticipating`
 around the adapter's store, every fact given a cue, and adds the tests of the cue path (facts found
-only through a cue come from the store by id, ``get_many``; their window from ``with_window``)::
+only through a cue come from the store by id, ``get_many``; their window from ``with_window``). It
+needs a store that declares ``by_id`` (and skips, naming it, for one that does not)::
 
     class TestMyStoreAnticipating(AnticipatingConformance, TestMyStore):
         pass
@@ -33,7 +37,9 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+import numpy as np
 import pytest
 
 from ..anticipating import Anticipating
@@ -42,7 +48,7 @@ from ..errors import StoreError
 from ..memory import InMemoryStore
 from ..policy import PGR
 from ..store import Store
-from ..types import Fact, Hit, Scope, SearchParams
+from ..types import CAPABILITY_METHODS, Fact, Hit, Scope, SearchParams
 from . import ScriptedLLM, planner_llm
 
 __all__ = ["CORPUS_SCOPES", "AnticipatingConformance", "CuedStore", "StoreConformance", "conformance_corpus"]
@@ -144,8 +150,12 @@ class StoreConformance:
         return make_store(conformance_corpus())
 
     def _needs(self, store: Store, capability: str) -> None:
+        """Skip unless ``store`` declares ``capability`` (the reason names the flag and its method)."""
         if not getattr(store.capabilities, capability):
-            pytest.skip(f"{type(store).__name__} declares no {capability!r} capability")
+            method = CAPABILITY_METHODS.get(capability)
+            pytest.skip(
+                f"{type(store).__name__} declares no {capability!r} capability" + (f" ({method})" if method else "")
+            )
 
     @staticmethod
     def _search(store: Store, probes: list[str], scope: Scope, **params: object) -> list[list[Hit]]:
@@ -287,6 +297,54 @@ class StoreConformance:
         assert [h.fact.text for h in hits] == [_ALICE_TURNS[2], _ALICE_TURNS[1]]
         assert hits[1].neighbour_of == hits[0].fact.id
 
+    # ------------------------------------------------------------------ the declaration itself
+
+    def test_declared_capabilities_are_honest(self, store: Store) -> None:
+        """Each optional ability the store declares has its method, and it works on the corpus. One it
+        does not declare is never asked of it: its method may be absent, and nothing is checked."""
+        caps = store.capabilities
+        ask: Any = store  # its optional methods, each called only where its flag is declared
+        corpus = conformance_corpus()
+        # the facts as the store holds them (an adapter may assign its own ids), read by search
+        held = _held_facts(store.store if isinstance(store, Anticipating) else store, corpus)
+        alice = [f.text for f in corpus if ALICE.allows(f.scope)]
+        alice_ids = [held[t].id for t in alice]
+        bobs = held[_BOB_TURNS[0]]
+        if caps.writable:
+            assert callable(getattr(store, "add_facts", None)) or callable(getattr(store, "upsert_facts", None))
+        if caps.lists:  # facts_for(scope): every fact the scope allows, and only those
+            for scope in CORPUS_SCOPES:
+                listed = ask.facts_for(scope)
+                assert all(isinstance(f, Fact) and scope.allows(f.scope) for f in listed)
+                assert sorted(f.text for f in listed) == sorted(f.text for f in corpus if scope.allows(f.scope))
+        if caps.by_id:  # get_many and get: by id, within the scope
+            got = ask.get_many([*alice_ids, bobs.id], scope=ALICE)
+            assert {i: f.text for i, f in got.items()} == dict(zip(alice_ids, alice, strict=True))  # not Bob's
+            one = ask.get(alice_ids[0], scope=ALICE)
+            assert one is not None and (one.id, one.text) == (alice_ids[0], alice[0])
+            assert ask.get(bobs.id, scope=ALICE) is None
+        if caps.vectors:  # vectors_for: the stored unit vectors, one row per id, of the embedder's size
+            rows = np.asarray(ask.vectors_for(alice_ids, scope=ALICE), dtype=np.float32)
+            assert rows.ndim == 2 and rows.shape[0] == len(alice_ids)
+            assert np.allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-3)
+            embedder = getattr(store, "embedder", None)
+            if embedder is not None:
+                assert rows.shape[1] == embedder.dim
+                assert np.all(np.sum(rows * unit_rows(embedder.embed(alice)), axis=1) > 0.99)
+        if caps.window:  # with_window: the ±window same-session neighbours of given hits
+            bus = held[_ALICE_TURNS[2]]
+            near = ask.with_window([Hit(fact=bus, score=1.0, rank=0)], scope=ALICE, window=1)
+            assert [(h.fact.text, h.neighbour_of) for h in near.get(bus.id, [])] == [(_ALICE_TURNS[1], bus.id)]
+        if caps.deletes:  # delete(ids, scope=): last, as it changes the store
+            gone = held[_ALICE_TURNS[5]]
+            assert ask.delete([gone.id], scope=BOB) == 0  # not Bob's to delete
+            assert ask.delete([gone.id], scope=ALICE) == 1
+            assert gone.text not in _texts(self._search(store, [gone.text], ALICE, top_k=20, min_score=0.0)[0])
+            if caps.by_id:
+                assert ask.get_many([gone.id], scope=ALICE) == {}
+            if caps.lists:
+                assert gone.text not in {f.text for f in ask.facts_for(ALICE)}
+
 
 # ---------------------------------------------------------------------- the suite through Anticipating
 
@@ -330,6 +388,22 @@ class CuedStore:
         return self.facts[text]
 
 
+def _held_facts(store: Store, corpus: Sequence[Fact]) -> dict[str, Fact]:
+    """corpus text -> the fact the store holds for it: the hit with that text among the first five of a
+    search for it under its owner (asks nothing of the store but search)."""
+    by_owner: dict[Scope, list[Fact]] = {}
+    for fact in corpus:
+        by_owner.setdefault(fact.scope, []).append(fact)
+    found: dict[str, Fact] = {}
+    for owner, owned in by_owner.items():
+        results = store._checked_search([f.text for f in owned], owner, SearchParams(top_k=5, min_score=0.0))
+        for fact, hits in zip(owned, results, strict=True):
+            same = [h.fact for h in hits if h.neighbour_of is None and h.fact.text == fact.text]
+            assert same, f"{type(store).__name__} does not find {fact.text!r} for its own text: {_texts(hits)}"
+            found[fact.text] = same[0]
+    return found
+
+
 def _assigned_facts(inner: Store, corpus: Sequence[Fact]) -> dict[str, Fact]:
     """corpus text -> the fact the adapter stored for it: a search for the exact text under its owner."""
     by_owner: dict[Scope, list[Fact]] = {}
@@ -358,7 +432,10 @@ class AnticipatingConformance(StoreConformance):
     Hooks: ``cue_embedder`` (the cue index's embedder: the module's ``embedder`` fixture where it has
     one, else the wrapped store's, else :class:`HashingEmbedder`), and :meth:`delete_behind_the_wrapper`
     (remove a fact from the adapter's store without the wrapper; default: the store's
-    ``delete(ids, scope=)``, else the test skips).
+    ``delete(ids, scope=)`` where it declares ``deletes``, else the test skips).
+
+    Every test here needs the adapter's store to declare ``by_id`` (the cue path fetches the facts it
+    found by id); for one that does not, they skip, naming it.
     """
 
     cue_weight = 0.9
@@ -384,7 +461,9 @@ class AnticipatingConformance(StoreConformance):
     @pytest.fixture
     def cued_store(self, make_store: Callable[[list[Fact]], Store], cue_embedder: Embedder | None) -> CuedStore:
         corpus = conformance_corpus()
-        wrapped = self.anticipating(make_store(corpus), cue_embedder)
+        inner = make_store(corpus)
+        self._needs(inner, "by_id")  # facts found only through a cue are fetched by id
+        wrapped = self.anticipating(inner, cue_embedder)
         facts = _assigned_facts(wrapped.store, corpus)
         written = wrapped.put_cues({facts[t].id: list(c) for t, c in CORPUS_CUES.items()}, list(facts.values()))
         assert written == sum(len(c) for c in CORPUS_CUES.values())
@@ -396,11 +475,10 @@ class AnticipatingConformance(StoreConformance):
 
     def delete_behind_the_wrapper(self, inner: Store, fact: Fact) -> None:
         """Remove ``fact`` from ``inner`` itself, so the cue index still holds its cues. Override for a
-        store that deletes another way; the default uses ``delete(ids, scope=)`` or skips."""
-        delete = getattr(inner, "delete", None)
-        if not callable(delete):
-            pytest.skip(f"{type(inner).__name__} has no delete(ids, scope=) (override delete_behind_the_wrapper)")
-        delete([fact.id], scope=fact.scope)
+        store that deletes another way; the default uses ``delete(ids, scope=)`` where the store declares
+        ``deletes``, or skips."""
+        self._needs(inner, "deletes")  # or override delete_behind_the_wrapper
+        inner.delete([fact.id], scope=fact.scope)  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ the suite's own stores, wrapped
 
@@ -440,9 +518,7 @@ class AnticipatingConformance(StoreConformance):
         assert _ALICE_TURNS[0] not in {h.fact.text for h in bob}
 
     def test_a_cue_only_hit_brings_its_same_session_neighbours(self, cued_store: CuedStore) -> None:
-        self._needs(cued_store.inner, "window")
-        if not callable(getattr(cued_store.inner, "with_window", None)):
-            pytest.skip(f"{type(cued_store.inner).__name__} has no with_window(hits, scope=, window=)")
+        self._needs(cued_store.inner, "window")  # the cue-only hit's neighbours: the store's with_window
         alone = self._search(cued_store.inner, [RACE_CUE], ALICE, top_k=1, min_score=0.0, window=1)[0]
         assert _ALICE_TURNS[0] not in _texts(alone), "the knee turn should come through its cue only"
         hits = self._search(cued_store.store, [RACE_CUE], ALICE, top_k=1, min_score=0.0, window=1)[0]
@@ -453,9 +529,8 @@ class AnticipatingConformance(StoreConformance):
         assert hits[1].fact == cued_store.fact(_ALICE_TURNS[1])
 
     def test_deleting_a_fact_through_the_wrapper_deletes_its_cues(self, cued_store: CuedStore) -> None:
+        self._needs(cued_store.inner, "deletes")
         wrapped = cued_store.store
-        if not callable(getattr(cued_store.inner, "delete", None)):
-            pytest.skip(f"{type(cued_store.inner).__name__} has no delete(ids, scope=)")
         knee, marathon = cued_store.fact(_ALICE_TURNS[0]), cued_store.fact(_BOB_TURNS[0])
         assert wrapped.cues_of([knee.id], scope=knee.scope) == {knee.id: (RACE_CUE,)}
         assert wrapped.delete([knee.id], scope=knee.scope) == 1

@@ -130,6 +130,7 @@ import re
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..errors import (
@@ -380,7 +381,9 @@ def _hostile(kind: str, schema: Mapping[str, Any] | None) -> str:
 class FaultyStore(Store):
     """A store that injects ``fault`` (a kind of :data:`STORE_FAULTS`, or a list to pick from) into the
     calls picked by ``calls``, ``rate`` and ``seed`` (as :class:`FaultyLLM`); ``delay`` seconds pass
-    before a ``timeout``. Other calls, and every write, go to ``inner`` untouched.
+    before a ``timeout``. Other calls, and every write, go to ``inner`` untouched. It searches and
+    nothing else: it declares ``inner``'s capabilities less those of methods it does not have (writes,
+    ``with_window``, listings, vectors, look-ups by id, deletes: make those through ``inner``).
     """
 
     def __init__(
@@ -398,7 +401,10 @@ class FaultyStore(Store):
         self.inner = inner
         self.schedule = _Schedule(fault, set(STORE_FAULTS), calls, rate, seed)
         self.delay = delay
-        self.capabilities = inner.capabilities  # type: ignore[misc]
+        # searches only: the abilities of inner's other methods are not this store's
+        self.capabilities = replace(  # type: ignore[misc]
+            inner.capabilities, writable=False, window=False, lists=False, vectors=False, by_id=False, deletes=False
+        )
         self.embedder = getattr(inner, "embedder", None)
 
     @property

@@ -4,7 +4,9 @@ A store is writable when it has ``add_facts(facts) -> ids`` (:class:`~pgr_core.I
 ``pgr_adapters.mem0.Mem0Store``) or ``upsert_facts(facts) -> ids`` (``pgr_adapters.qdrant.QdrantStore``).
 Ingestion needs only that. Consolidation also needs ``delete(ids)`` and a way to list a scope's facts
 (``facts``), and ids that survive the write (a store that makes up its own ids, as mem0 does, cannot
-replace a fact in place). :class:`FactWriter` says which of these a store has and names what is missing.
+replace a fact in place). :class:`FactWriter` says which of these a store has and names what is missing:
+a pgr :class:`~pgr_core.store.Store` by what it declares (``Capabilities.writable``, ``deletes``,
+``lists``, ``by_id``), any other object by the methods it has.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from .._dates import parse_date
 from ..embedders import Embedder
 from ..errors import ConfigurationError, InvalidArgumentError, StoreError
-from ..types import Fact, Scope
+from ..types import Capabilities, Fact, Scope
 
 __all__ = ["FactWriter", "WritableStore", "fact_from_dict", "latest_date", "writer_for"]
 
@@ -33,7 +35,9 @@ class WritableStore(Protocol):
 
 
 class FactWriter:
-    """The write operations of one store, found by duck typing, with clear errors for missing ones.
+    """The write operations of one store, with clear errors for missing ones: those a pgr store declares
+    in its ``capabilities`` (``writable``, ``deletes``, ``lists``, ``by_id``), or for any other object
+    (a plain class with ``add_facts``), the methods it has.
 
     - ``put(facts)``: ``add_facts`` or ``upsert_facts``.
     - ``remove(ids, scope=)``: ``delete(ids, scope=scope)`` (a store whose ``delete`` takes no scope
@@ -46,11 +50,17 @@ class FactWriter:
 
     def __init__(self, store: Any) -> None:
         self.store = store
+        caps = getattr(store, "capabilities", None)
+        # what a pgr store declares; None for an object outside the store contract (its methods count)
+        self._declared: Capabilities | None = caps if isinstance(caps, Capabilities) else None
         put = getattr(store, "add_facts", None) or getattr(store, "upsert_facts", None)
+        if self._declared is not None and not self._declared.writable:
+            put = None
         if not callable(put):
             raise ConfigurationError(
-                f"{type(store).__name__} cannot be written to: the write side needs a store with "
-                "add_facts(facts) or upsert_facts(facts) (InMemoryStore, QdrantStore, Mem0Store)"
+                f"{type(store).__name__} cannot be written to: the write side needs a store that declares "
+                "capabilities.writable, with add_facts(facts) or upsert_facts(facts) (InMemoryStore, "
+                "QdrantStore, Mem0Store)"
             )
         self._put = put
         self.name = type(store).__name__
@@ -73,21 +83,27 @@ class FactWriter:
         except Exception as exc:
             raise StoreError(f"{self.name} failed to write {len(batch)} fact(s): {type(exc).__name__}: {exc}") from exc
 
+    def _can(self, flag: str, method: str) -> bool:
+        """Whether the store declares ``flag`` (a pgr store), or has ``method`` (any other object)."""
+        if self._declared is not None:
+            return bool(getattr(self._declared, flag))
+        return callable(getattr(self.store, method, None))
+
     @property
     def can_remove(self) -> bool:
-        return callable(getattr(self.store, "delete", None))
+        return self._can("deletes", "delete")
 
     @property
     def can_list(self) -> bool:
-        return callable(getattr(self.store, "facts_for", None)) or hasattr(self.store, "facts")
+        return self._can("lists", "facts_for") or hasattr(self.store, "facts")
 
     def require_rewrite(self, what: str) -> None:
         """Raise unless the store can list, replace and delete facts by id (``what`` needs it)."""
         missing = [
             name
             for name, ok in (
-                ("delete(ids)", self.can_remove),
-                ("a facts listing", self.can_list),
+                ("delete(ids) (capabilities.deletes)", self.can_remove),
+                ("a facts listing (capabilities.lists: facts_for)", self.can_list),
                 ("stable ids", self.keeps_ids),
             )
             if not ok
@@ -104,7 +120,9 @@ class FactWriter:
         if not wanted:
             return 0
         if not self.can_remove:
-            raise ConfigurationError(f"{self.name} has no delete(ids): facts cannot be removed from it")
+            raise ConfigurationError(
+                f"{self.name} has no delete(ids) (capabilities.deletes): facts cannot be removed from it"
+            )
         delete = self.store.delete
         try:
             if _takes_scope(delete):
@@ -118,16 +136,15 @@ class FactWriter:
             raise StoreError(f"{self.name} failed to delete {len(wanted)} fact(s): {exc}") from exc
 
     def get(self, fact_id: str, *, scope: Scope) -> Fact | None:
-        getter = getattr(self.store, "get", None)
-        if not callable(getter):
+        if not self._can("by_id", "get"):
             return None
+        getter = self.store.get
         fact = getter(fact_id, scope=scope) if _takes_scope(getter) else getter(fact_id)
         return fact if isinstance(fact, Fact) and scope.allows(fact.scope) else None
 
     def facts_of(self, scope: Scope) -> list[Fact]:
-        facts_for = getattr(self.store, "facts_for", None)
-        if callable(facts_for):
-            return [f for f in facts_for(scope) if scope.allows(f.scope)]
+        if self._can("lists", "facts_for"):
+            return [f for f in self.store.facts_for(scope) if scope.allows(f.scope)]
         if not hasattr(self.store, "facts"):
             raise ConfigurationError(f"{self.name} cannot list its facts")
         return [f for f in self.store.facts if scope.allows(f.scope)]
