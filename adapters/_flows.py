@@ -1,6 +1,6 @@
 """One flow, two drivers: how an adapter writes a sync method and its async twin once.
 
-The house pattern of :mod:`pgr_core._effects`, for the backend calls of an adapter. A method is written
+The house pattern of :mod:`pgr_core.flow.effects`, for the backend calls of an adapter. A method is written
 once as a *flow*, a generator that yields the calls it needs (the adapter's own effect objects) and
 receives what each came to; a call that fails raises its exception at the ``yield`` that asked for it,
 so the flow maps it (to a :class:`~pgr_core.errors.StoreError`, say) where it knows what it was doing.

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pgr_core.cli import dataset_arguments, dataset_options
+from pgr_core.cli.main import dataset_arguments, dataset_options
 from pgr_core.evaluation import load_set
 
 CUTS = (1, 3, 5, 10, 20)

@@ -17,8 +17,8 @@ It prints:
   a tenant right after a write to it, and one round of 7 probes (top 10), each p50 over ``--repeats``;
 - save and reopen of that store, in seconds.
 
-``--impl PATH`` loads another copy of ``pgr_core/memory.py`` (say, the last commit's, from
-``git show HEAD:pgr_core/memory.py > /tmp/memory_old.py``) in place of the installed one, to compare.
+``--impl PATH`` loads another copy of ``pgr_core/stores/memory.py`` (say, the last commit's, from
+``git show HEAD:pgr_core/stores/memory.py > /tmp/memory_old.py``) in place of the installed one, to compare.
 """
 
 from __future__ import annotations
@@ -184,13 +184,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--per-tenant", type=int, default=100, help="facts per tenant")
     ap.add_argument("--repeats", type=int, default=50, help="timed operations per figure")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--impl", help="path of another memory.py to measure instead of pgr_core.memory")
+    ap.add_argument("--impl", help="path of another memory.py to measure instead of pgr_core.stores.memory")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     cls = store_class(args.impl)
     rng = np.random.default_rng(args.seed)
-    label = args.impl or "pgr_core.memory"
+    label = args.impl or "pgr_core.stores.memory"
     print(f"InMemoryStore from {label}; {DIM}-d random unit vectors; {args.repeats} repeats per figure\n")
 
     sweep = []

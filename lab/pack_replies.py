@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from pgr_core import PGR, demo
-from pgr_core.embedders import MiniLMEmbedder
-from pgr_core.recorded import RecordedLLM, request_key
+from pgr_core.models.embedders import MiniLMEmbedder
+from pgr_core.models.recorded import RecordedLLM, request_key
 
 source = Path(sys.argv[1] if len(sys.argv) > 1 else "lab/replies/demo")
 out = Path(sys.argv[2] if len(sys.argv) > 2 else "pgr_core/demo/replies.json")

@@ -21,7 +21,7 @@ The prior art, each scored as its authors score it:
   dropped before indexing; tried on pgr's cues (a cue is kept when its own fact is the nearest of its
   session's facts to it).
 
-pgr's cues go through the library's own :class:`~pgr_core.anticipating.Anticipating` (its default rule
+pgr's cues go through the library's own :class:`~pgr_core.anticipation.anticipating.Anticipating` (its default rule
 and the others it can be set to), so those rows are what a user gets. Every row ranks every fact of the
 question's user for the question alone, recall at 10 and 20 facts, no LLM call per question.
 """
@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from pgr_core.cues import CueCache, CueWriter
-from pgr_core.prospectors import quoted
+from pgr_core.anticipation.cues import CueCache, CueWriter
+from pgr_core.policy.prospectors import quoted
 
 QUESTIONS_PROMPT = """Below are facts a personal assistant has noted about its user, each with an id.
 For each fact, write {count} questions that the fact answers: questions someone could ask whose answer
@@ -94,8 +94,8 @@ def _facts(user: dict[str, Any]) -> list[Any]:
 
 
 def cmd_write(args: argparse.Namespace) -> int:
-    from pgr_core.llm import OpenAICompatible
-    from pgr_core.recorded import RecordedLLM
+    from pgr_core.models.llm import OpenAICompatible
+    from pgr_core.models.recorded import RecordedLLM
 
     llm = (
         RecordedLLM.from_path(args.replies, name=f"recorded:{args.replies}")  # as pgr eval --replies names it
@@ -221,8 +221,8 @@ def _recall(scores: np.ndarray, gold: list[set[int]], k: int) -> float:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    from pgr_core.embedders import MiniLMEmbedder
     from pgr_core.evaluation.cache import disk_cached_embedder
+    from pgr_core.models.embedders import MiniLMEmbedder
 
     embedder = disk_cached_embedder(MiniLMEmbedder(), args.vector_cache)
 

@@ -6,7 +6,7 @@
 A ``pgr eval`` records file keeps every round's probes (the step texts the LLM wrote) in each PGR
 record's compact trace. This script embeds those texts again, searches the same store (MiniLM, the
 facts of the data set, each question under its own scope) at each (K, τ) of the grid, and ranks R
-exactly as pgr does (:func:`pgr_core.ranking.shared_order` at ``query_share`` 0.75; the query's own
+exactly as pgr does (:func:`pgr_core.policy.ranking.shared_order` at ``query_share`` 0.75; the query's own
 probe read to ``query_top_k`` = 20, as recorded). The steps stay as the run wrote them, so this
 measures the probes' depth alone: in a real run Phase 2 would see the other finds and could write
 other steps, and the rounds it adds are replayed with their recorded texts. "recorded" is the run's
@@ -25,7 +25,7 @@ from ranking_replay import arguments, averaged, methods_of, pgr_records, publish
 from pgr_core import MiniLMEmbedder, SearchParams
 from pgr_core.evaluation import load_set
 from pgr_core.evaluation.runner import build_store
-from pgr_core.ranking import shared_order
+from pgr_core.policy.ranking import shared_order
 
 GRID = ((5, 0.3), (5, 0.2), (5, 0.0), (10, 0.3), (10, 0.2), (10, 0.0), (20, 0.0))
 

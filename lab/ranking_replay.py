@@ -36,7 +36,7 @@ from typing import Any
 from pgr_core import Fact, FoundFact, Probe, Scope
 from pgr_core.evaluation import EvalQuestion, EvalSet, load_set
 from pgr_core.evaluation.metrics import recall_at, recall_exact
-from pgr_core.ranking import fused_order, shared_order
+from pgr_core.policy.ranking import fused_order, shared_order
 
 SHARES = (0.25, 0.4, 0.5, 0.6, 0.75)
 BUDGETS = (10, 20)

@@ -49,12 +49,12 @@ from typing import Any
 import numpy as np
 
 from pgr_core import PGR, HashingEmbedder, InMemoryStore, MiniLMEmbedder
-from pgr_core.caches import CachedEmbedder
 from pgr_core.evaluation import CachedLLM, load_set
 from pgr_core.evaluation.data import EvalQuestion
 from pgr_core.evaluation.metrics import recall, recall_at
-from pgr_core.llm import LLM, llm_from_env
-from pgr_core.prospectors import DIMENSIONS
+from pgr_core.models.caches import CachedEmbedder
+from pgr_core.models.llm import LLM, llm_from_env
+from pgr_core.policy.prospectors import DIMENSIONS
 from pgr_core.testing import ScriptedLLM
 
 CONFIGS: dict[str, dict[str, Any]] = {

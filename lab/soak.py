@@ -78,7 +78,7 @@ def ingest_cmd(data: Path, store: Path, users: list[str], lock_timeout: float) -
     cmd = [
         sys.executable,
         "-m",
-        "pgr_core.cli",
+        "pgr_core.cli.main",
         "ingest",
         "jsonl",
         "--data",
@@ -101,7 +101,7 @@ def ingest_cmd(data: Path, store: Path, users: list[str], lock_timeout: float) -
 def open_store(store: Path) -> tuple[Any, Any]:
     """(store, ledger) as `pgr ingest` left them, through the library's own openers."""
     from pgr_core import HashingEmbedder
-    from pgr_core.builtin import is_file_store, open_store
+    from pgr_core.stores.builtin import is_file_store, open_store
     from pgr_core.write.ledger import ledger_path_for, open_ledger
 
     opened = open_store(store, HashingEmbedder(), create=False, lock_timeout_s=120)
@@ -189,7 +189,7 @@ def damage_round(store: Path, workdir: Path, seed: int) -> dict[str, Any]:
 
     acknowledged = EdgeStore.check(store)["acknowledged"]
     rng = random.Random(seed)
-    cli = [sys.executable, "-m", "pgr_core.cli", "store"]
+    cli = [sys.executable, "-m", "pgr_core.cli.main", "store"]
     out: dict[str, Any] = {"acknowledged": acknowledged, "refused": 0, "silent": 0, "harmless": 0, "repaired": 0}
     for kind in DAMAGE:
         copy = workdir / f"damaged-{kind}"
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 [
                     sys.executable,
                     "-m",
-                    "pgr_core.cli",
+                    "pgr_core.cli.main",
                     "retrieve",
                     "what about the knee?",
                     "--store",

@@ -34,9 +34,9 @@ import numpy as np
 from ranking_replay import arguments, methods_of, pgr_records
 
 from pgr_core import MiniLMEmbedder
-from pgr_core.embedders import unit_rows
 from pgr_core.evaluation import load_set
 from pgr_core.evaluation.metrics import recall_at
+from pgr_core.models.embedders import unit_rows
 
 SIZES = (10, 20, 30, 40)
 WEIGHTS = (0.25, 0.5, 1.0)

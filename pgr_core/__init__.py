@@ -8,11 +8,9 @@
 
 from __future__ import annotations
 
-from .anticipating import Anticipating
-from .cues import CueCache, CueWriter
-from .edge import EdgeStore
-from .embedders import Embedder, HashingEmbedder, MiniLMEmbedder, default_embedder
-from .errors import (
+from pgr_core.anticipation.anticipating import Anticipating
+from pgr_core.anticipation.cues import CueCache, CueWriter
+from pgr_core.errors import (
     ConfigurationError,
     DamagedStoreError,
     InvalidArgumentError,
@@ -25,11 +23,12 @@ from .errors import (
     ScopeError,
     StoreError,
 )
-from .hygiene import Hygiene
-from .llm import LLM, Completion, OpenAICompatible, llm_from_env
-from .memory import InMemoryStore
-from .policy import PGR, Answer, PGRConfig
-from .prospectors import (
+from pgr_core.models.embedders import Embedder, HashingEmbedder, MiniLMEmbedder, default_embedder
+from pgr_core.models.llm import LLM, Completion, OpenAICompatible, llm_from_env
+from pgr_core.observability.trace import DroppedProbe, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
+from pgr_core.policy.hygiene import Hygiene
+from pgr_core.policy.pgr import PGR, Answer, PGRConfig
+from pgr_core.policy.prospectors import (
     DIMENSIONS,
     FeedbackProspector,
     LLMProspector,
@@ -37,9 +36,10 @@ from .prospectors import (
     Prospection,
     Prospector,
 )
-from .store import Store
-from .trace import DroppedProbe, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
-from .types import Budget, Capabilities, Fact, Hit, Scope, SearchParams
+from pgr_core.stores.contract import Store
+from pgr_core.stores.edge import EdgeStore
+from pgr_core.stores.memory import InMemoryStore
+from pgr_core.types import Budget, Capabilities, Fact, Hit, Scope, SearchParams
 
 __version__ = "0.1.0"
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime, time
 
-from .errors import InvalidArgumentError
+from pgr_core.errors import InvalidArgumentError
 
 DateLike = str | date | datetime
 

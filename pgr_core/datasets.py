@@ -27,9 +27,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ._dates import parse_date
-from .errors import InvalidArgumentError
-from .types import Fact, Scope
+from pgr_core._dates import parse_date
+from pgr_core.errors import InvalidArgumentError
+from pgr_core.types import Fact, Scope
 
 __all__ = [
     "Locomo",

@@ -61,7 +61,7 @@ class ConfigurationError(PGRError):
 class DamagedStoreError(ConfigurationError):
     """A store on disk holds fewer facts than it acknowledged (damaged files); it is not opened, and
     nothing in it is changed. ``missing`` lists the lost facts it can name, as (owner fields, fact id)
-    tuples; :meth:`pgr_core.edge.EdgeStore.repair` (``pgr store repair``) keeps every intact one."""
+    tuples; :meth:`pgr_core.stores.edge.EdgeStore.repair` (``pgr store repair``) keeps every intact one."""
 
     def __init__(self, message: str, *, path: object = None, missing: list[tuple[object, ...]] | None = None) -> None:
         super().__init__(message)

@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .errors import ConfigurationError, InvalidArgumentError, ScopeError
+from pgr_core.errors import ConfigurationError, InvalidArgumentError, ScopeError
 
 __all__ = ["CAPABILITY_METHODS", "Budget", "Capabilities", "Fact", "Hit", "Scope", "SearchParams", "owner_fields"]
 

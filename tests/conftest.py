@@ -9,8 +9,8 @@ import pytest
 from loopback_llm import LoopbackLLM, sane_reply
 
 from pgr_core import Fact, HashingEmbedder, Hit, InMemoryStore, Scope, SearchParams, Store
-from pgr_core.prospectors import Prospection, Prospector
-from pgr_core.trace import FoundFact, Step
+from pgr_core.observability.trace import FoundFact, Step
+from pgr_core.policy.prospectors import Prospection, Prospector
 
 U1 = Scope(user_id="u1")
 U2 = Scope(user_id="u2")

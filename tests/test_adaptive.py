@@ -15,7 +15,7 @@ from conftest import U1, SpyStore, make_store
 
 from pgr_core import PGR, HashingEmbedder, InMemoryStore
 from pgr_core.errors import InvalidArgumentError
-from pgr_core.prospectors import INTENT_ANSWERED_SCHEMA, INTENT_SCHEMA
+from pgr_core.policy.prospectors import INTENT_ANSWERED_SCHEMA, INTENT_SCHEMA
 from pgr_core.testing import ScriptedLLM, planner_llm
 
 FACTUAL = "When did I hurt my knee?"  # its top hit (s1:0) scores 0.58 with the hashing embedder
@@ -202,7 +202,7 @@ def test_bad_adaptive_options_say_what_to_pass() -> None:
 
 
 def test_pgr_eval_switches_each_saving_with_set(tmp_path: Path) -> None:
-    from pgr_core.cli import main
+    from pgr_core.cli.main import main
 
     line = {
         "user_id": "u1",

@@ -13,12 +13,12 @@ import pytest
 from loopback_llm import LoopbackLLM, ok, sane
 
 from pgr_core import PGR, Anticipating, CueCache, CueWriter, EdgeStore, Fact, HashingEmbedder, InMemoryStore, Scope
-from pgr_core.anticipating import cue_ids, cue_path_for
-from pgr_core.cli import main
-from pgr_core.cues import MAX_CUE_WORDS, RETRY_TEMPERATURE, check_cues
-from pgr_core.embedders import unit_rows
+from pgr_core.anticipation.anticipating import cue_ids, cue_path_for
+from pgr_core.anticipation.cues import MAX_CUE_WORDS, RETRY_TEMPERATURE, check_cues
+from pgr_core.cli.main import main
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, LLMTimeoutError
-from pgr_core.prospectors import quoted
+from pgr_core.models.embedders import unit_rows
+from pgr_core.policy.prospectors import quoted
 from pgr_core.testing import ScriptedLLM, asked_facts, cue_llm
 from pgr_core.types import Hit, SearchParams
 from pgr_core.write import Ingestor, Session, Turn
@@ -269,8 +269,8 @@ def test_a_window_neighbour_steps_down_from_its_anchors_raw_similarity_under_cen
     """Centred sums are small: a fraction of one would be almost nothing, and every neighbour would
     ride right behind its anchor. PGR hands the store's raw similarities (own plus best cue cosine)
     to earned_order, which steps a neighbour down by (1 - γ) x its anchor's."""
-    import pgr_core.policy as policy
-    from pgr_core.ranking import earned_order
+    import pgr_core.policy.pgr as policy
+    from pgr_core.policy.ranking import earned_order
 
     inner = InMemoryStore(embedder=HashingEmbedder())
     inner.add_facts(facts(U1))

@@ -7,7 +7,7 @@ import string
 from importlib import resources
 
 import pgr_core
-from pgr_core.prompts import NAMES, prompt
+from pgr_core.models.prompts import NAMES, prompt
 
 
 def test_all_is_sorted_and_complete() -> None:

@@ -81,7 +81,7 @@ def test_a_lock_path_that_is_a_directory_is_a_clear_configuration_error(tmp_path
 def test_a_data_line_nested_too_deep_is_one_line_of_error(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pgr_core.cli import main
+    from pgr_core.cli.main import main
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"user_id": "u1", "facts": ' + "[" * 100_000 + "]" * 100_000 + "}\n")

@@ -14,15 +14,15 @@ import pytest
 from conftest import U1, U2, make_store
 
 import pgr_core
-from pgr_core import plugins
 from pgr_core.errors import ConfigurationError
 from pgr_core.evaluation import EvalQuestion, EvalSet, make_method, run_eval
-from pgr_core.hookspecs import hookimpl
+from pgr_core.plugins import registry as plugins
+from pgr_core.plugins.hookspecs import hookimpl
 from pgr_core.types import Scope
 
 
 def _entry_points(monkeypatch: pytest.MonkeyPatch, *extra: metadata.EntryPoint) -> None:
-    eps = [metadata.EntryPoint(name="memory", value="pgr_core.builtin", group="pgr"), *extra]
+    eps = [metadata.EntryPoint(name="memory", value="pgr_core.stores.builtin", group="pgr"), *extra]
     monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: [e for e in eps if e.group == group])
     monkeypatch.delenv("PGR_LOAD_PLUGINS", raising=False)
 

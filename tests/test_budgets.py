@@ -18,8 +18,8 @@ from conftest import U1, ScriptedProspector, make_store
 from loopback_llm import LoopbackLLM, Reply, Request, ok
 
 from pgr_core import PGR, Budget, Completion, InMemoryStore, InvalidArgumentError, OpenAICompatible, PGRConfig
-from pgr_core.llm import LLM
-from pgr_core.llm import Usage as CallUsage
+from pgr_core.models.llm import LLM
+from pgr_core.models.llm import Usage as CallUsage
 from pgr_core.testing import ScriptedLLM
 
 QUERY = "Should I join a soccer league this summer?"

@@ -18,10 +18,10 @@ import pytest
 from conftest import U1, U2, ScriptedProspector, SpyStore, make_store
 
 from pgr_core import PGR, Fact, HashingEmbedder, InMemoryStore, Scope
-from pgr_core.caches import CachedEmbedder, ProspectionCache, counting_embeddings
 from pgr_core.errors import ConfigurationError, InvalidArgumentError
+from pgr_core.models.caches import CachedEmbedder, ProspectionCache, counting_embeddings
+from pgr_core.observability.trace import Step
 from pgr_core.testing import ScriptedLLM
-from pgr_core.trace import Step
 
 QUERY = "Should I join a soccer league this summer?"
 ROUNDS = [["knee physio running", "evening classes weeknights"], ["car bus ride"], ["money rent tight"]]

@@ -1,4 +1,4 @@
-"""Scores centred on the user's memory (pgr_core.centring): a fact typical of everything the user says
+"""Scores centred on the user's memory (pgr_core.policy.centring): a fact typical of everything the user says
 loses w x its mean cosine to the scope's facts, so a specific fact can outrank it; the mean is the
 scope's own, rebuilt after a write, and a store that cannot give it leaves the call uncentred."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from pgr_core import PGR, Fact, InMemoryStore, Scope
-from pgr_core.centring import MemoryCentre, centred
 from pgr_core.errors import InvalidArgumentError
-from pgr_core.store import Store
+from pgr_core.policy.centring import MemoryCentre, centred
+from pgr_core.stores.contract import Store
 from pgr_core.types import Capabilities, Hit, SearchParams
 
 ALICE, BOB = Scope(user_id="alice"), Scope(user_id="bob")

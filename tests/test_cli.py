@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pgr_core.cli import main
-from pgr_core.embedders import minilm_available
+from pgr_core.cli.main import main
+from pgr_core.models.embedders import minilm_available
 
 LLM_VARS = ("PGR_LLM", "PGR_LLM_BASE_URL", "PGR_LLM_MODEL", "PGR_LLM_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY")
 
@@ -127,8 +127,8 @@ _TIMEOUT_COMMANDS = {
 
 def _llm_of(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> object:
     """The LLM the command named by ``argv`` would use (every command builds it through llm_from_args)."""
-    from pgr_core import cli
-    from pgr_core._cli_llm import llm_from_args
+    from pgr_core.cli import main as cli
+    from pgr_core.cli.common import llm_from_args
 
     return llm_from_args(cli.build_parser().parse_args(argv))
 
@@ -136,8 +136,8 @@ def _llm_of(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> object:
 def test_llm_timeout_holds_when_the_url_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    from pgr_core.cli import build_parser
-    from pgr_core.llm import OpenAICompatible
+    from pgr_core.cli.main import build_parser
+    from pgr_core.models.llm import OpenAICompatible
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     having = {name for name, p in sub.choices.items() if any("--llm-timeout" in a.option_strings for a in p._actions)}

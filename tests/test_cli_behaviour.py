@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from loopback_llm import LoopbackLLM, error
 
-from pgr_core import cli
-from pgr_core._timeouts import LOCAL_TIMEOUT_S, REMOTE_TIMEOUT_S, default_llm_timeout, is_local_server
-from pgr_core.cli import DEGRADED_EXIT, NO_FACTS_EXIT, main
+from pgr_core.cli import main as cli
+from pgr_core.cli.main import DEGRADED_EXIT, NO_FACTS_EXIT, main
 from pgr_core.errors import InvalidArgumentError
-from pgr_core.prospectors import tidy_summary
+from pgr_core.flow.timeouts import LOCAL_TIMEOUT_S, REMOTE_TIMEOUT_S, default_llm_timeout, is_local_server
+from pgr_core.policy.prospectors import tidy_summary
 
 
 @pytest.fixture(autouse=True)
@@ -189,7 +189,7 @@ def test_the_default_timeout_follows_the_server(url: str | None, local: bool) ->
 
 
 def test_the_commands_give_a_local_server_minutes_and_a_variable_wins(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pgr_core._cli_llm import llm_from_args
+    from pgr_core.cli.common import llm_from_args
 
     def timeout_of(*argv: str) -> float:
         llm = llm_from_args(cli.build_parser().parse_args(["demo", *argv]))
@@ -238,7 +238,7 @@ def test_a_long_summary_is_cut_at_the_last_sentence_within_the_limit() -> None:
 
 def test_the_retrieval_result_carries_the_tidied_summary() -> None:
     from pgr_core import PGR, Fact, InMemoryStore, Scope
-    from pgr_core.embedders import HashingEmbedder
+    from pgr_core.models.embedders import HashingEmbedder
     from pgr_core.testing import ScriptedLLM
 
     store = InMemoryStore(HashingEmbedder())
@@ -280,7 +280,7 @@ def test_retrieve_with_an_llm_prints_progress_per_call_and_round(
 
 
 def test_the_library_client_takes_the_same_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pgr_core.llm import OpenAICompatible, llm_from_env
+    from pgr_core.models.llm import OpenAICompatible, llm_from_env
 
     assert OpenAICompatible(base_url="http://127.0.0.1:8081/v1", model="m").timeout == LOCAL_TIMEOUT_S
     assert OpenAICompatible(base_url="https://api.example.com/v1", model="m").timeout == REMOTE_TIMEOUT_S
@@ -311,7 +311,7 @@ def test_a_real_ctrl_c_with_an_llm_call_in_flight_is_one_line_and_exit_130(tmp_p
         server.default = slow  # type: ignore[assignment]
         argv = ["ingest", "jsonl", "--data", str(data), "--out", str(out), "--mode", "extract", "--no-progress"]
         argv += ["--embedder", "hashing", "--base-url", server.base_url, "--model", "m"]
-        code = f"import sys; sys.argv = ['pgr', *{argv!r}]; from pgr_core.cli import run; run()"
+        code = f"import sys; sys.argv = ['pgr', *{argv!r}]; from pgr_core.cli.main import run; run()"
         proc = subprocess.Popen(
             [sys.executable, "-c", code],
             stdout=subprocess.PIPE,

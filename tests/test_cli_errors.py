@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pgr_core.cli import main, parse_set_options
+from pgr_core.cli.main import main, parse_set_options
 from pgr_core.errors import InvalidArgumentError
 
 

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("qdrant_edge", reason="EdgeStore needs qdrant-edge-py: pip install 'pgr[local]'")
 
 from pgr_core import EdgeStore, HashingEmbedder
-from pgr_core.embedders import MiniLMEmbedder, minilm_available
+from pgr_core.models.embedders import MiniLMEmbedder, minilm_available
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance
 
 

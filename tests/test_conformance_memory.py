@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pgr_core import Anticipating, HashingEmbedder, InMemoryStore
-from pgr_core.embedders import MiniLMEmbedder, minilm_available
+from pgr_core.models.embedders import MiniLMEmbedder, minilm_available
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance
 
 

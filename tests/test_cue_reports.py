@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("qdrant_edge")
 
 from pgr_core import Anticipating, CueWriter, EdgeStore, Fact, HashingEmbedder, Scope
-from pgr_core.cli import main
+from pgr_core.cli.main import main
 from pgr_core.errors import LLMConnectionError
 from pgr_core.testing import ScriptedLLM
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import pgr_core.cue_trust as cue_trust
+import pgr_core.anticipation.cue_trust as cue_trust
 from pgr_core import Anticipating, Fact, HashingEmbedder, InMemoryStore, Scope
-from pgr_core.cue_trust import MIN_JUDGED, TRUST_FLOOR, TRUST_FULL, Alignment, alignment
+from pgr_core.anticipation.cue_trust import MIN_JUDGED, TRUST_FLOOR, TRUST_FULL, Alignment, alignment
 from pgr_core.types import SearchParams
 
 U1 = Scope(user_id="u1")

@@ -28,7 +28,7 @@ from pgr_core import (
     SearchParams,
     StoreError,
 )
-from pgr_core._filelock import StoreLockedError
+from pgr_core.stores._filelock import StoreLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
 ALICE = Scope(user_id="alice")

@@ -31,7 +31,7 @@ from pgr_core.evaluation import (
     write_report,
 )
 from pgr_core.evaluation.methods import Meter
-from pgr_core.llm import Completion, Usage
+from pgr_core.models.llm import Completion, Usage
 from pgr_core.testing import ScriptedLLM
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -485,7 +485,7 @@ def test_compare_answers_judges_both_orders_and_resumes() -> None:
 
 
 def test_pgr_eval_command_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from pgr_core.cli import main
+    from pgr_core.cli.main import main
 
     data = _write_jsonl(tmp_path / "d.jsonl")
     out = tmp_path / "report.json"
@@ -537,7 +537,7 @@ def test_a_reference_spread_over_several_facts_is_one_gold_item(tmp_path: Path) 
 
 
 def test_report_only_rewrites_the_report_from_records(tmp_path: Path) -> None:
-    from pgr_core.cli import main
+    from pgr_core.cli.main import main
 
     data = _write_jsonl(tmp_path / "d.jsonl")
     out = tmp_path / "report.json"

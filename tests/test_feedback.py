@@ -14,7 +14,7 @@ import pytest
 from pgr_core import PGR, Fact, FeedbackProspector, InMemoryStore, Scope
 from pgr_core.errors import InvalidArgumentError, StoreError
 from pgr_core.evaluation.methods import METHODS, make_method
-from pgr_core.store import Store
+from pgr_core.stores.contract import Store
 from pgr_core.types import Hit, SearchParams
 
 ALICE, BOB = Scope(user_id="alice"), Scope(user_id="bob")
@@ -123,8 +123,8 @@ def test_an_empty_memory_asks_once_and_returns_nothing() -> None:
 def test_a_users_own_grounded_prospector_gets_the_same_round() -> None:
     """The round belongs to any prospector that says it is ``grounded``, not to one class: a step built
     from the request's hits is probed, and R* is summed over both probes."""
-    from pgr_core.prospectors import NoProspection, Prospection
-    from pgr_core.trace import Step
+    from pgr_core.observability.trace import Step
+    from pgr_core.policy.prospectors import NoProspection, Prospection
 
     class Second(NoProspection):
         name = "second"

@@ -8,8 +8,8 @@ import numpy as np
 from conftest import U1, ScriptedProspector, SpyStore, make_store
 
 from pgr_core import PGR, HashingEmbedder
-from pgr_core.hygiene import Hygiene, clean_steps
-from pgr_core.trace import Round, Step
+from pgr_core.observability.trace import Round, Step
+from pgr_core.policy.hygiene import Hygiene, clean_steps
 
 QUERY = "Should I join a soccer league this summer?"
 

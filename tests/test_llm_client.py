@@ -1,4 +1,4 @@
-"""pgr_core.llm against a real loopback HTTP server speaking OpenAI's chat-completions API."""
+"""pgr_core.models.llm against a real loopback HTTP server speaking OpenAI's chat-completions API."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pgr_core.errors import (
     LLMStatusError,
     LLMTimeoutError,
 )
-from pgr_core.llm import Completion, OpenAICompatible, Usage, llm_from_env, parse_json
+from pgr_core.models.llm import Completion, OpenAICompatible, Usage, llm_from_env, parse_json
 
 SCHEMA = {
     "type": "object",

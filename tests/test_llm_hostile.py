@@ -24,9 +24,9 @@ from conftest import U1, make_store
 from loopback_llm import LoopbackLLM, Reply, Request, ok, sane, sane_reply
 
 from pgr_core import PGR, Budget, HashingEmbedder, InMemoryStore, OpenAICompatible, RetrievalResult, Scope
-from pgr_core.cli import main
+from pgr_core.cli.main import main
 from pgr_core.errors import InvalidArgumentError, LLMOutputError, LLMTimeoutError
-from pgr_core.llm import MAX_JSON_DEPTH, MAX_USAGE_TOKENS, Usage, parse_json, plausible_usage
+from pgr_core.models.llm import MAX_JSON_DEPTH, MAX_USAGE_TOKENS, Usage, parse_json, plausible_usage
 from pgr_core.testing import ScriptedLLM
 from pgr_core.testing.faults import HOSTILE_FAULTS, FaultyLLM
 from pgr_core.types import Fact
@@ -462,7 +462,7 @@ def test_required_keys_may_be_null_only_where_the_schema_says_so() -> None:
 @pytest.mark.parametrize("reported", [(-5, -5), (10**30, 10**30), ("many", None)])
 def test_a_custom_llms_implausible_usage_is_replaced_by_the_estimate(reported: tuple[Any, Any]) -> None:
     """Not only OpenAICompatible: whatever LLM object pgr is given, its counts are checked the same way."""
-    from pgr_core.llm import LLM, Completion
+    from pgr_core.models.llm import LLM, Completion
 
     class Boastful(LLM):
         name = "boastful"

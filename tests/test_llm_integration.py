@@ -15,8 +15,8 @@ import pytest
 
 from pgr_core import PGR, OpenAICompatible, Scope, default_embedder
 from pgr_core.demo import build_store, load_history
-from pgr_core.llm import parse_json
-from pgr_core.prospectors import TOT_SCHEMA
+from pgr_core.models.llm import parse_json
+from pgr_core.policy.prospectors import TOT_SCHEMA
 
 pytestmark = pytest.mark.llm
 

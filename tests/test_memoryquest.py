@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from pgr_core.embedders import HashingEmbedder
 from pgr_core.errors import InvalidArgumentError, LLMError, LLMTimeoutError
 from pgr_core.evaluation.data import load_jsonl
+from pgr_core.models.embedders import HashingEmbedder
 from pgr_core.testing import ScriptedLLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab" / "memoryquest"))

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from pgr_core import PGR, Fact, FoundFact, InMemoryStore, Probe, Scope
-from pgr_core.embedders import Embedder
 from pgr_core.errors import InvalidArgumentError
-from pgr_core.ranking import earned_order, shared_order
+from pgr_core.models.embedders import Embedder
+from pgr_core.policy.ranking import earned_order, shared_order
 from pgr_core.types import Hit
 
 U = Scope(user_id="u1")

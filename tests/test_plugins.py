@@ -7,11 +7,12 @@ from importlib import metadata
 
 import pytest
 
-from pgr_core import ConfigurationError, HashingEmbedder, InMemoryStore, plugins
-from pgr_core.hookspecs import hookimpl
+from pgr_core import ConfigurationError, HashingEmbedder, InMemoryStore
+from pgr_core.plugins import registry as plugins
+from pgr_core.plugins.hookspecs import hookimpl
 
 EPS = [
-    metadata.EntryPoint(name="memory", value="pgr_core.builtin", group="pgr"),
+    metadata.EntryPoint(name="memory", value="pgr_core.stores.builtin", group="pgr"),
     metadata.EntryPoint(name="broken", value="pgr_no_such_module_xyz", group="pgr"),
 ]
 

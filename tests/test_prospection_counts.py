@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from pgr_core import PGR, Fact, FoundFact, HashingEmbedder, InMemoryStore, Probe, Scope
-from pgr_core.centring import centred
-from pgr_core.ranking import choose, fused_order, llm_order, shared_order
+from pgr_core.policy.centring import centred
+from pgr_core.policy.ranking import choose, fused_order, llm_order, shared_order
 from pgr_core.testing import ScriptedLLM
 from pgr_core.types import SearchParams
 
@@ -302,7 +302,7 @@ def test_phase_1_sees_the_records_augmentation_saw_and_none_is_said_when_there_a
 
 
 def test_the_augmentation_floor_defaults_to_tau() -> None:
-    from pgr_core.config import PGRConfig
+    from pgr_core.policy.config import PGRConfig
 
     config = PGRConfig()
     assert config.augment_min_score == config.min_score == 0.3

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pgr_core.errors import InvalidArgumentError, LLMError
-from pgr_core.recorded import RecordedLLM, request_key
+from pgr_core.models.recorded import RecordedLLM, request_key
 
 ASK = [{"role": "user", "content": "Restate: should I join a soccer league?"}]
 SCHEMA = {"type": "object", "properties": {"intent": {"type": "string"}}, "required": ["intent"]}

@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("qdrant_edge")
 
 from pgr_core import Anticipating, DamagedStoreError, EdgeStore, Fact, HashingEmbedder, Scope, SearchParams
-from pgr_core.cli import main
+from pgr_core.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 ALICE = Scope(user_id="alice")

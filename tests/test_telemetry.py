@@ -16,7 +16,7 @@ from conftest import U1, SpyStore, make_store
 from loopback_llm import LoopbackLLM, sane_reply
 
 from pgr_core import PGR, InMemoryStore, InvalidArgumentError, LLMTimeoutError, OpenAICompatible
-from pgr_core.telemetry import CONTENT_ENV, DURATION_BUCKETS, TOKEN_BUCKETS
+from pgr_core.observability.telemetry import CONTENT_ENV, DURATION_BUCKETS, TOKEN_BUCKETS
 from pgr_core.testing import ScriptedLLM
 from pgr_core.testing.faults import FaultyStore
 

@@ -21,7 +21,7 @@ from pgr_adapters.mem0.store import Mem0Store
 
 from pgr_core import PGR, HashingEmbedder, Scope, SearchParams
 from pgr_core._dates import as_utc, read_date, read_stored_date
-from pgr_core.caches import CachedEmbedder, counting_embeddings
+from pgr_core.models.caches import CachedEmbedder, counting_embeddings
 from pgr_core.testing import ScriptedLLM
 
 QUERY = "Should I join a soccer league this summer?"

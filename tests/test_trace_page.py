@@ -1,4 +1,4 @@
-"""pgr_core.trace_page: the HTML trace page, checked on its parsed structure and escaped text."""
+"""pgr_core.observability.trace_page: the HTML trace page, checked on its parsed structure and escaped text."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from pgr_core.trace import DroppedProbe, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
-from pgr_core.trace_page import trace_page, write_trace_page
+from pgr_core.observability.trace import DroppedProbe, FoundFact, Probe, RetrievalResult, Round, Step, Trace, Usage
+from pgr_core.observability.trace_page import trace_page, write_trace_page
 from pgr_core.types import Fact, Scope
 
 SCOPE = Scope(user_id="u1")
@@ -481,13 +481,13 @@ def test_write_trace_page(tmp_path) -> None:
 
 
 def test_the_module_docstring_example_runs(tmp_path, monkeypatch) -> None:
-    """The example at the top of pgr_core.trace_page, run as a doctest: it writes trace.html in the cwd."""
+    """The trace page module's own example, run as a doctest: it writes trace.html in the cwd."""
     import doctest
 
-    import pgr_core.trace_page
+    import pgr_core.observability.trace_page
 
     monkeypatch.chdir(tmp_path)
-    outcome = doctest.testmod(pgr_core.trace_page)
+    outcome = doctest.testmod(pgr_core.observability.trace_page)
     assert outcome.attempted >= 8 and outcome.failed == 0
     dom = parse((tmp_path / "trace.html").read_text(encoding="utf-8"))
     text = dom.text()

@@ -14,11 +14,11 @@ import pytest
 from conftest import U1, make_store
 
 from pgr_core import HashingEmbedder, InMemoryStore
-from pgr_core.caches import CachedEmbedder
 from pgr_core.errors import InvalidArgumentError
 from pgr_core.evaluation import EvalQuestion, EvalSet, run_eval
 from pgr_core.evaluation.cache import VECTOR_FILE, DiskCachedEmbedder, disk_cached_embedder, embedder_identity
 from pgr_core.evaluation.runner import _closeness, build_store
+from pgr_core.models.caches import CachedEmbedder
 
 
 class Counting:
@@ -182,7 +182,7 @@ def _dataset(path: Path) -> Path:
 def test_a_second_pgr_eval_embeds_nothing_and_no_cache_writes_none(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pgr_core.cli import main
+    from pgr_core.cli.main import main
 
     data, vectors = _dataset(tmp_path / "d.jsonl"), tmp_path / "vectors"
     common = ["eval", "jsonl", "--data", str(data), "--embedder", "hashing", "--no-llm", "--methods", "query-only"]

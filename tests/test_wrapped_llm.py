@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pgr_core.errors import LLMError, LLMTimeoutError
-from pgr_core.llm import LLM, CallFlow, Completion, Request, Sleep, WrappedLLM
+from pgr_core.models.llm import LLM, CallFlow, Completion, Request, Sleep, WrappedLLM
 from pgr_core.testing import ScriptedLLM
 
 MESSAGES = [{"role": "user", "content": "Where did I park the car?"}]

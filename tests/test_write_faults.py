@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from pgr_core import HashingEmbedder, InMemoryStore, Scope
-from pgr_core.cli import main
+from pgr_core.cli.main import main
 from pgr_core.errors import ConfigurationError
 from pgr_core.testing import ScriptedLLM
 from pgr_core.types import Fact
@@ -95,7 +95,7 @@ def test_two_concurrent_ingest_processes_on_one_store_both_finish_and_lose_nothi
     second = _jsonl(tmp_path / "b.jsonl", {"ub": 4, "both": 4})
     runs = [
         subprocess.Popen(
-            [sys.executable, "-m", "pgr_core.cli", *_ingest_cmd(data, out, "--lock-timeout", "120")],
+            [sys.executable, "-m", "pgr_core.cli.main", *_ingest_cmd(data, out, "--lock-timeout", "120")],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -121,7 +121,8 @@ def test_a_second_ingest_waits_then_names_the_holder_and_exits_2(
         [
             sys.executable,
             "-c",
-            "import sys; from pgr_core._filelock import StoreLock; StoreLock(sys.argv[1], what='holder').acquire();"
+            "import sys; from pgr_core.stores._filelock import StoreLock;"
+            " StoreLock(sys.argv[1], what='holder').acquire();"
             " print('held', flush=True); sys.stdin.read()",
             str(out),
         ],
@@ -660,7 +661,7 @@ def test_a_kill_between_intent_and_commit_is_rolled_forward_from_the_sqlite_jour
 
 
 def test_a_kill_9_mid_swap_on_a_directory_store_is_rolled_forward_by_the_next_consolidator(tmp_path: Path) -> None:
-    from pgr_core.builtin import open_store, save_copy
+    from pgr_core.stores.builtin import open_store, save_copy
     from pgr_core.write import SqliteJournal
 
     out = tmp_path / "memory"
@@ -670,7 +671,7 @@ def test_a_kill_9_mid_swap_on_a_directory_store_is_rolled_forward_by_the_next_co
     script = (
         "import os, signal, sys\n"
         "from pgr_core import HashingEmbedder, Scope\n"
-        "from pgr_core.builtin import open_store\n"
+        "from pgr_core.stores.builtin import open_store\n"
         "from pgr_core.write import Consolidator, open_journal\n"
         "store = open_store(sys.argv[1], HashingEmbedder())\n"
         "def fault(at):\n"
@@ -741,7 +742,7 @@ def test_an_unusable_sqlite_journal_is_a_configuration_error(tmp_path: Path) -> 
 def test_pgr_ingest_and_consolidate_on_a_directory_store_keep_the_journal_in_sqlite(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pgr_core.builtin import open_store, save_copy
+    from pgr_core.stores.builtin import open_store, save_copy
     from pgr_core.write import SqliteJournal
 
     monkeypatch.delenv("PGR_LLM_BASE_URL", raising=False)
@@ -770,7 +771,7 @@ def test_pgr_ingest_and_consolidate_on_a_directory_store_keep_the_journal_in_sql
 def test_a_swap_an_older_pgr_left_in_a_directory_stores_journal_jsonl_is_rolled_forward(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pgr_core.builtin import open_store, save_copy
+    from pgr_core.stores.builtin import open_store, save_copy
 
     monkeypatch.delenv("PGR_LLM_BASE_URL", raising=False)
     out = tmp_path / "memory"

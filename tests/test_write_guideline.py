@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pgr_core import LLMConnectionError
-from pgr_core.cli import main
+from pgr_core.cli.main import main
 from pgr_core.testing import ScriptedLLM
 from pgr_core.write import DEFAULT_GUIDELINE, Session, Turn
 from pgr_core.write.examples import TrainingExample, prefeval_examples

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pgr_core import HashingEmbedder, InMemoryStore, LLMConnectionError, Scope
-from pgr_core.cli import main
+from pgr_core.cli.main import main
 from pgr_core.errors import ConfigurationError
 from pgr_core.testing import ScriptedLLM
 from pgr_core.types import Fact

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pgr_core.cli import main
+from pgr_core.cli.main import main
 from pgr_core.datasets import load_locomo
-from pgr_core.embedders import minilm_available
+from pgr_core.models.embedders import minilm_available
 
 LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo"
 

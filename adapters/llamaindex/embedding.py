@@ -7,11 +7,11 @@ from typing import Any
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.bridge.pydantic import PrivateAttr
 
-from pgr_core.embedders import Embedder
+from pgr_core.models.embedders import Embedder
 
 
 class MiniLMEmbedding(BaseEmbedding):
-    """A pgr :class:`~pgr_core.embedders.Embedder` (usually MiniLM) as a LlamaIndex embed model,
+    """A pgr :class:`~pgr_core.models.embedders.Embedder` (usually MiniLM) as a LlamaIndex embed model,
     so an index and pgr's probe hygiene share one model, loaded from its package, never a hub."""
 
     _embedder: Any = PrivateAttr()

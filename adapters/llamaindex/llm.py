@@ -17,7 +17,7 @@ from pgr_core.errors import (
     LLMStatusError,
     LLMTimeoutError,
 )
-from pgr_core.llm import CallFlow, Completion, Request, Usage, WrappedLLM
+from pgr_core.models.llm import CallFlow, Completion, Request, Usage, WrappedLLM
 
 __all__ = ["LlamaIndexLLM"]
 
@@ -25,7 +25,7 @@ SchemaKwargs = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 
 class LlamaIndexLLM(WrappedLLM):
-    """pgr's :class:`~pgr_core.llm.LLM` protocol on top of a LlamaIndex ``LLM`` (OpenAI, Ollama,
+    """pgr's :class:`~pgr_core.models.llm.LLM` protocol on top of a LlamaIndex ``LLM`` (OpenAI, Ollama,
     Anthropic, a ``CustomLLM``...): ``complete`` calls ``llm.chat``, ``acomplete`` awaits ``llm.achat``.
 
     >>> from llama_index.core.llms import MockLLM

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pgr_core.errors import ConfigurationError
-from pgr_core.hookspecs import Register, hookimpl
+from pgr_core.plugins.hookspecs import Register, hookimpl
 
 REQUIRES = ("llama_index.core",)
 EXTRA = "llamaindex"

@@ -13,11 +13,11 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from pgr_core._dates import DateLike
 from pgr_core.errors import InvalidArgumentError
-from pgr_core.llm import LLM
-from pgr_core.policy import PGR
-from pgr_core.prospectors import Prospector
-from pgr_core.store import Store
-from pgr_core.trace import FoundFact, RetrievalResult
+from pgr_core.models.llm import LLM
+from pgr_core.observability.trace import FoundFact, RetrievalResult
+from pgr_core.policy.pgr import PGR
+from pgr_core.policy.prospectors import Prospector
+from pgr_core.stores.contract import Store
 from pgr_core.types import Scope
 
 from .llm import LlamaIndexLLM
@@ -50,7 +50,7 @@ class ProspectionRetriever(BaseRetriever):
     >>> retriever = ProspectionRetriever(index, llm, scope=Scope(user_id="u1"), strategy="tot")  # doctest: +SKIP
     >>> engine = RetrieverQueryEngine.from_args(retriever, llm=llm)                              # doctest: +SKIP
 
-    - ``store_or_retriever``: a pgr :class:`~pgr_core.store.Store`, or a ``VectorStoreIndex`` /
+    - ``store_or_retriever``: a pgr :class:`~pgr_core.stores.contract.Store`, or a ``VectorStoreIndex`` /
       LlamaIndex retriever, wrapped in :class:`~pgr_adapters.llamaindex.RetrieverStore` with
       ``store_options`` (``scope_filter=``, ``single_tenant_scope=``, ``cosine_scores=``...).
     - ``llm``: the generator that imagines the steps: any LlamaIndex ``LLM`` (wrapped in

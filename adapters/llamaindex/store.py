@@ -51,9 +51,9 @@ from llama_index.core.storage.docstore.types import BaseDocumentStore
 from llama_index.core.vector_stores.types import ExactMatchFilter, FilterCondition, MetadataFilters
 
 from pgr_core._dates import read_stored_date
-from pgr_core.embedders import Embedder
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, PGRError, ScopeError, StoreError
-from pgr_core.store import Store, validate_probes
+from pgr_core.models.embedders import Embedder
+from pgr_core.stores.contract import Store, validate_probes
 from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams, owner_fields
 
 from .._flows import Flow, adrive, drive

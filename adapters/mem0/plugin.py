@@ -1,7 +1,7 @@
 """The ``mem0`` plugin: registers the ``mem0`` store factory and the ``mem0`` evaluation baseline.
 Imports only pgr_core.
 
-registry = pgr_core.plugins.load()
+registry = pgr_core.plugins.registry.load()
 store = registry.store("mem0", memory=my_memory)           # a mem0 Memory you built
 store = registry.store("mem0", config={...})               # or Memory.from_config(config)
 search = registry.baseline("mem0", facts=facts)            # mem0's own search (``pgr eval --methods mem0``)
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pgr_core.errors import ConfigurationError
-from pgr_core.hookspecs import Register, hookimpl
+from pgr_core.plugins.hookspecs import Register, hookimpl
 
 REQUIRES = ("mem0",)
 EXTRA = "mem0"

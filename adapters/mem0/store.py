@@ -39,12 +39,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pgr_core.embedders import unit_rows
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, ScopeError, StoreError
-from pgr_core.llm import LLM
-from pgr_core.policy import PGR, PGRConfig
-from pgr_core.store import Store, validate_probes
-from pgr_core.trace import FoundFact, RetrievalResult
+from pgr_core.models.embedders import unit_rows
+from pgr_core.models.llm import LLM
+from pgr_core.observability.trace import FoundFact, RetrievalResult
+from pgr_core.policy.pgr import PGR, PGRConfig
+from pgr_core.stores.contract import Store, validate_probes
 from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams
 
 from ._records import (

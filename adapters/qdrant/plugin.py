@@ -1,6 +1,6 @@
 """The ``qdrant`` plugin: registers the ``qdrant`` store factory. Imports only pgr_core.
 
-registry = pgr_core.plugins.load()
+registry = pgr_core.plugins.registry.load()
 store = registry.store("qdrant", url="http://localhost:6333", collection="memories")
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from pgr_core.errors import ConfigurationError
-from pgr_core.hookspecs import Register, hookimpl
+from pgr_core.plugins.hookspecs import Register, hookimpl
 
 REQUIRES = ("qdrant_client",)
 EXTRA = "qdrant"
@@ -63,11 +63,11 @@ def make_store(
 
 def _embedder(embedder: Any) -> Any:
     if embedder is None:
-        from pgr_core.embedders import default_embedder
+        from pgr_core.models.embedders import default_embedder
 
         return default_embedder()
     if isinstance(embedder, str):
-        from pgr_core import plugins
+        from pgr_core.plugins import registry as plugins
 
         return plugins.load(entry_points=False).embedder(embedder)
     return embedder

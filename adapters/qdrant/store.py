@@ -36,7 +36,7 @@ holding both kinds (mem0's stamps next to dates other writers left naive) is sea
 Hybrid. With ``sparse_vector=`` (a sparse vector of the collection holding BM25 of the text, best with
 ``Modifier.IDF``), each probe searches the dense vector (with τ) and BM25 (without τ), both under the
 scope filter, fused by reciprocal rank in the same ``query_batch_points`` call, as
-:class:`pgr_core.edge.EdgeStore` does with ``hybrid=True``; writes add the BM25 document encoding.
+:class:`pgr_core.stores.edge.EdgeStore` does with ``hybrid=True``; writes add the BM25 document encoding.
 BM25 is computed in-process by ``qdrant_edge.Bm25`` (qdrant-edge-py).
 
 Sync and async. Each method that calls the client is written once, as a flow (:mod:`pgr_adapters._flows`)
@@ -66,9 +66,9 @@ from qdrant_client.local.async_qdrant_local import AsyncQdrantLocal
 from qdrant_client.local.qdrant_local import QdrantLocal
 
 from pgr_core._dates import read_stored_date
-from pgr_core.embedders import Embedder
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, PGRError, ScopeError, StoreError
-from pgr_core.store import Store, validate_probes
+from pgr_core.models.embedders import Embedder
+from pgr_core.stores.contract import Store, validate_probes
 from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams, owner_fields
 
 from .._flows import Flow, adrive, drive
@@ -121,7 +121,7 @@ class _Found:
 
 
 class QdrantStore(Store):
-    """An existing Qdrant collection as a pgr :class:`~pgr_core.store.Store`.
+    """An existing Qdrant collection as a pgr :class:`~pgr_core.stores.contract.Store`.
 
     >>> client = QdrantClient(url="http://localhost:6333")          # doctest: +SKIP
     >>> store = QdrantStore(client, "memories", embedder=MiniLMEmbedder())  # doctest: +SKIP
@@ -682,7 +682,7 @@ class QdrantStore(Store):
         self, direct: list[list[_Found]], records: Sequence[Any], window: int, scope: Scope
     ) -> list[list[Hit]]:
         """Each direct hit followed by its ±window neighbours of the same owner and session, nearest
-        first (-1, +1, -2, +2, ...), as ``pgr_core.memory`` does."""
+        first (-1, +1, -2, +2, ...), as ``pgr_core.stores.memory`` does."""
         turns: dict[tuple[Scope, str, int], Fact] = {}
         for record in self._visible(records, scope):
             fact = self.fact_from_payload(record.id, record.payload or {})

@@ -61,8 +61,8 @@ import numpy as np
 from pgr_core.errors import InvalidArgumentError, LLMError, LLMOutputError
 from pgr_core.evaluation.cache import CachedLLM
 from pgr_core.evaluation.data import user_records
-from pgr_core.llm import LLM, parse_json
-from pgr_core.prompts import render as _render
+from pgr_core.models.llm import LLM, parse_json
+from pgr_core.models.prompts import render as _render
 from pgr_core.types import Embedder
 
 __all__ = [
@@ -885,7 +885,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Build a MemoryQuest data set from persona profiles (resumable: rerun the same command)."""
     import argparse
 
-    from pgr_core._cli_llm import _embedder, add_llm_options, required_llm
+    from pgr_core.cli.common import _embedder, add_llm_options, required_llm
 
     ap = argparse.ArgumentParser(description="build a MemoryQuest data set from persona profiles with an LLM")
     ap.add_argument("--personas", type=Path, default=example_personas(), help="JSONL of {user_id, persona} lines")

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from ..embedders import Embedder
-from ..memory import InMemoryStore
-from ..policy import PGR
-from ..recorded import RecordedLLM
-from ..trace import RetrievalResult
-from ..types import Fact, Scope
+from pgr_core.models.embedders import Embedder
+from pgr_core.models.recorded import RecordedLLM
+from pgr_core.observability.trace import RetrievalResult
+from pgr_core.policy.pgr import PGR
+from pgr_core.stores.memory import InMemoryStore
+from pgr_core.types import Fact, Scope
 
 __all__ = ["RECORDED_WITH", "DemoQuery", "build_store", "load_history", "recorded_llm", "run_demo"]
 
@@ -40,7 +40,7 @@ def load_history() -> dict[str, Any]:
 
 def history_facts(history: dict[str, Any]) -> list[Fact]:
     """One dated fact per turn, with its session and position (so the temporal window works)."""
-    from .._dates import parse_date
+    from pgr_core._dates import parse_date
 
     scope = Scope(user_id=history["person"]["user_id"])
     return [

@@ -6,12 +6,12 @@ is the command-line face of :func:`run_eval` + :func:`summarise` + :func:`write_
 
 from __future__ import annotations
 
-from .cache import CachedLLM, request_key
-from .data import EvalQuestion, EvalSet, load_jsonl, load_locomo_set, load_prefeval, load_set
-from .methods import METHODS, make_method, parse_method
-from .metrics import judged_recall, recall, recall_at, recall_exact, win_rate
-from .output import markdown, write_chart, write_report
-from .runner import BUDGETS, run_eval, summarise
+from pgr_core.evaluation.cache import CachedLLM, request_key
+from pgr_core.evaluation.data import EvalQuestion, EvalSet, load_jsonl, load_locomo_set, load_prefeval, load_set
+from pgr_core.evaluation.methods import METHODS, make_method, parse_method
+from pgr_core.evaluation.metrics import judged_recall, recall, recall_at, recall_exact, win_rate
+from pgr_core.evaluation.output import markdown, write_chart, write_report
+from pgr_core.evaluation.runner import BUDGETS, run_eval, summarise
 
 __all__ = [
     "BUDGETS",

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigurationError
-from ..llm import LLM
-from ..store import Store
-from ..types import Scope, SearchParams
+from pgr_core.errors import ConfigurationError
+from pgr_core.models.llm import LLM
+from pgr_core.stores.contract import Store
+from pgr_core.types import Scope, SearchParams
 
 try:
     from llama_index.core.indices.query.query_transform.base import HyDEQueryTransform
@@ -28,7 +28,7 @@ __all__ = ["PgrLlamaLLM", "StoreRetriever", "fusion_retriever", "hyde_transform"
 
 
 class PgrLlamaLLM(CustomLLM):
-    """A LlamaIndex LLM that sends each prompt to a pgr :class:`~pgr_core.llm.LLM` (one user message)."""
+    """A LlamaIndex LLM that sends each prompt to a pgr :class:`~pgr_core.models.llm.LLM` (one user message)."""
 
     max_tokens: int = 256
 

@@ -16,16 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..config import PGRConfig
-from ..errors import LLMError
-from ..llm import LLM
-from ..policy import ANSWER_TOKENS, answer_prompt
-from ..prospectors import Prospection
-from ..store import Store
-from ..trace import FoundFact, Trace
-from .data import EvalQuestion, EvalSet
-from .metrics import win_rate
-from .runner import Progress
+from pgr_core.errors import LLMError
+from pgr_core.evaluation.data import EvalQuestion, EvalSet
+from pgr_core.evaluation.metrics import win_rate
+from pgr_core.evaluation.runner import Progress
+from pgr_core.models.llm import LLM
+from pgr_core.observability.trace import FoundFact, Trace
+from pgr_core.policy.config import PGRConfig
+from pgr_core.policy.pgr import ANSWER_TOKENS, answer_prompt
+from pgr_core.policy.prospectors import Prospection
+from pgr_core.stores.contract import Store
 
 __all__ = ["answer_with", "compare_answers"]
 

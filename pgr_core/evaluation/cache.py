@@ -1,6 +1,6 @@
 """A disk cache of LLM replies keyed by the exact request, so an evaluation re-runs for free.
 
-:class:`CachedLLM` wraps any :class:`~pgr_core.llm.LLM`. The key is a SHA-256 of the model name, the
+:class:`CachedLLM` wraps any :class:`~pgr_core.models.llm.LLM`. The key is a SHA-256 of the model name, the
 messages, the schema, ``max_tokens`` and ``temperature``: change one character of a prompt and the
 request is new. A hit returns the stored completion with the usage and seconds the original call
 reported, so cost figures (LLM calls, tokens, LLM seconds) are the same on a re-run as on the first
@@ -11,7 +11,7 @@ Entries are one JSON file each under ``<root>/<first two hex digits>/<key>.json`
 
 :class:`DiskCachedEmbedder` does the same for vectors: ``<root>/vectors.sqlite3`` maps (embedder identity,
 SHA-256 of the text) to the vector, so a re-run embeds neither the store nor the questions again.
-:func:`disk_cached_embedder` puts the in-memory :class:`~pgr_core.caches.CachedEmbedder` on top of it.
+:func:`disk_cached_embedder` puts the in-memory :class:`~pgr_core.models.caches.CachedEmbedder` on top of it.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from ..caches import CachedEmbedder
-from ..embedders import Embedder
-from ..errors import InvalidArgumentError
-from ..llm import LLM, CallFlow, Completion, Message, Request, Usage, WrappedLLM
+from pgr_core.errors import InvalidArgumentError
+from pgr_core.models.caches import CachedEmbedder
+from pgr_core.models.embedders import Embedder
+from pgr_core.models.llm import LLM, CallFlow, Completion, Message, Request, Usage, WrappedLLM
 
 __all__ = [
     "CacheStats",

@@ -24,10 +24,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from .._dates import parse_date
-from ..datasets import json_objects, load_locomo, prefeval_root
-from ..errors import InvalidArgumentError
-from ..types import Fact, Scope
+from pgr_core._dates import parse_date
+from pgr_core.datasets import json_objects, load_locomo, prefeval_root
+from pgr_core.errors import InvalidArgumentError
+from pgr_core.types import Fact, Scope
 
 __all__ = ["EvalQuestion", "EvalSet", "load_jsonl", "load_locomo_set", "load_prefeval", "load_set"]
 

@@ -32,13 +32,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigurationError, InvalidArgumentError
-from ..llm import LLM, CallFlow, Completion, Request, WrappedLLM
-from ..policy import PGR
-from ..store import Store
-from ..trace import RetrievalResult
-from ..types import Hit, Scope, SearchParams
-from .data import EvalQuestion
+from pgr_core.errors import ConfigurationError, InvalidArgumentError
+from pgr_core.evaluation.data import EvalQuestion
+from pgr_core.models.llm import LLM, CallFlow, Completion, Request, WrappedLLM
+from pgr_core.observability.trace import RetrievalResult
+from pgr_core.policy.pgr import PGR
+from pgr_core.stores.contract import Store
+from pgr_core.types import Hit, Scope, SearchParams
 
 __all__ = ["METHODS", "Method", "MethodOutput", "Meter", "make_method", "parse_method"]
 
@@ -232,7 +232,7 @@ class HyDE(Method):
     def __init__(self, store: Store, *, llm: LLM | None, depth: int = 200, out_k: int = 35, **kw: Any) -> None:
         super().__init__(store, **kw)
         self.meter = _metered("hyde", llm)
-        from ._llamaindex import hyde_transform
+        from pgr_core.evaluation._llamaindex import hyde_transform
 
         self.transform = hyde_transform(self.meter)
         self.depth = depth
@@ -276,7 +276,7 @@ class QueryFusion(Method):
     def __init__(self, store: Store, *, llm: LLM | None, num_queries: int = 4, out_k: int = 35, **kw: Any) -> None:
         super().__init__(store, **kw)
         self.meter = _metered("query-fusion", llm)
-        from ._llamaindex import fusion_retriever
+        from pgr_core.evaluation._llamaindex import fusion_retriever
 
         self.num_queries = num_queries
         self.out_k = out_k
@@ -334,7 +334,7 @@ class Mem0Search(Method):
 
     def _run(self, q: EvalQuestion, meter: Meter | None) -> MethodOutput:
         if self.search is None:
-            from ..plugins import load
+            from pgr_core.plugins.registry import load
 
             self.search = load().baseline("mem0", facts=self.facts)
         return MethodOutput(list(self.search(q.question, q.scope, self.top_k)), store_calls=1)

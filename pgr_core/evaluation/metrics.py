@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import LLMError
-from ..llm import LLM, parse_json
-from ..prompts import render
+from pgr_core.errors import LLMError
+from pgr_core.models.llm import LLM, parse_json
+from pgr_core.models.prompts import render
 
 __all__ = [
     "PairVerdict",

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .runner import BUDGETS
+from pgr_core.evaluation.runner import BUDGETS
 
 __all__ = ["markdown", "write_chart", "write_report"]
 
@@ -68,7 +68,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             "",
         ]
         lines += _table({name: m for name, m in own.items() if m is not None})
-    from .answers import win_rates
+    from pgr_core.evaluation.answers import win_rates
 
     if report.get("win_rates"):
         lines += ["", "Answer win rates (judge LLM, both orders; a tie or split verdict counts 0.5):", ""]

@@ -20,15 +20,15 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..caches import CachedEmbedder
-from ..embedders import Embedder
-from ..llm import LLM
-from ..memory import InMemoryStore
-from ..store import Store
-from ..types import Fact, Scope
-from .data import EvalQuestion, EvalSet
-from .methods import LLM_METHODS, make_method, parse_method, scope_probe
-from .metrics import judged_recall, recall, recall_at, recall_exact
+from pgr_core.evaluation.data import EvalQuestion, EvalSet
+from pgr_core.evaluation.methods import LLM_METHODS, make_method, parse_method, scope_probe
+from pgr_core.evaluation.metrics import judged_recall, recall, recall_at, recall_exact
+from pgr_core.models.caches import CachedEmbedder
+from pgr_core.models.embedders import Embedder
+from pgr_core.models.llm import LLM
+from pgr_core.stores.contract import Store
+from pgr_core.stores.memory import InMemoryStore
+from pgr_core.types import Fact, Scope
 
 __all__ = ["BUDGETS", "Progress", "build_store", "embed_in_chunks", "run_eval", "summarise"]
 
@@ -137,12 +137,12 @@ def with_cues(
     retry_failed: bool = False,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 ) -> tuple[Any, dict[str, Any]]:
-    """``store`` wrapped in :class:`~pgr_core.anticipating.Anticipating`, every owner's facts cued by
+    """``store`` wrapped in :class:`~pgr_core.anticipation.anticipating.Anticipating`, every owner's facts cued by
     ``writer`` (its cache serves facts it has seen); returns the wrapper and the build report.
 
     ``retry_failed``: ask again about facts the cache records as failed (a call of their own at the
     retry temperature, as ``pgr cues build`` does); by default a rerun reuses the verdicts."""
-    from ..anticipating import Anticipating, CueBuildReport
+    from pgr_core.anticipation.anticipating import Anticipating, CueBuildReport
 
     wrapped = Anticipating(store, cue_weight=cue_weight, scoring=scoring)
     writer.retry_failed = retry_failed
@@ -163,7 +163,7 @@ def with_cues(
         total.merge(wrapped.build(writer, scope=owner, progress=tick))
     summary = total.to_dict()
     summary["wall_seconds"] = round(time.perf_counter() - started, 1)
-    # how far each owner's cues point at their own fact: the weight of its cue term (pgr_core.cue_trust)
+    # how far each owner's cues point at their own fact: the weight of its cue term (pgr_core.anticipation.cue_trust)
     summary["trust"] = {owner.user_id or str(owner): wrapped.cue_alignment(owner).to_dict() for owner in owners}
     log(
         f"cues: {summary['cued']} of {summary['facts']} facts cued ({summary['from_cache']} from the cue cache), "

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import LLMError
-from ..llm import LLM, Completion, Usage
+from pgr_core.errors import LLMError
+from pgr_core.models.llm import LLM, Completion, Usage
 
 __all__ = [
     "CUE_BACKFILL_NOTES",

@@ -42,14 +42,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ..anticipating import Anticipating
-from ..embedders import Embedder, HashingEmbedder, unit_rows
-from ..errors import StoreError
-from ..memory import InMemoryStore
-from ..policy import PGR
-from ..store import Store
-from ..types import CAPABILITY_METHODS, Fact, Hit, Scope, SearchParams
-from . import ScriptedLLM, planner_llm
+from pgr_core.anticipation.anticipating import Anticipating
+from pgr_core.errors import StoreError
+from pgr_core.models.embedders import Embedder, HashingEmbedder, unit_rows
+from pgr_core.policy.pgr import PGR
+from pgr_core.stores.contract import Store
+from pgr_core.stores.memory import InMemoryStore
+from pgr_core.testing import ScriptedLLM, planner_llm
+from pgr_core.types import CAPABILITY_METHODS, Fact, Hit, Scope, SearchParams
 
 __all__ = ["CORPUS_SCOPES", "AnticipatingConformance", "CuedStore", "StoreConformance", "conformance_corpus"]
 
@@ -228,7 +228,7 @@ class StoreConformance:
 
     def test_pgr_is_centred_on_the_callers_own_memory_or_says_why(self, store: Store) -> None:
         query = "Should I start running again?"
-        pgr = PGR(store, strategy="none")  # the query's own list, centred (pgr_core.centring)
+        pgr = PGR(store, strategy="none")  # the query's own list, centred (pgr_core.policy.centring)
         result = pgr.retrieve(query, scope=ALICE)
         assert not result.degraded and all(ALICE.allows(_owner_of(f.text)) for f in result.facts)
         if result.trace.centring is None:  # a store that cannot give the mean runs uncentred, and says why

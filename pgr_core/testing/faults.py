@@ -1,7 +1,7 @@
 """Fault injection: an LLM and a store that fail on purpose, reproducibly (a seeded schedule).
 
-:class:`FaultyLLM` wraps any :class:`~pgr_core.llm.LLM` and :class:`FaultyStore` any
-:class:`~pgr_core.store.Store`; each injects one kind of fault (or a seeded mix) into the calls you
+:class:`FaultyLLM` wraps any :class:`~pgr_core.models.llm.LLM` and :class:`FaultyStore` any
+:class:`~pgr_core.stores.contract.Store`; each injects one kind of fault (or a seeded mix) into the calls you
 pick. The core suite runs every kind with a fixed seed (``tests/test_faults.py``); run the same
 against your own LLM and store to see pgr's behaviour on them.
 
@@ -133,16 +133,16 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..errors import (
+from pgr_core.errors import (
     InvalidArgumentError,
     LLMConnectionError,
     LLMStatusError,
     LLMTimeoutError,
 )
-from ..llm import LLM, MAX_REPLY_CHARS, CallFlow, Completion, Request, Sleep, Usage, WrappedLLM
-from ..store import Store
-from ..types import Hit, Scope, SearchParams
-from . import LLMCall
+from pgr_core.models.llm import LLM, MAX_REPLY_CHARS, CallFlow, Completion, Request, Sleep, Usage, WrappedLLM
+from pgr_core.stores.contract import Store
+from pgr_core.testing import LLMCall
+from pgr_core.types import Hit, Scope, SearchParams
 
 __all__ = ["HOSTILE_FAULTS", "LLM_FAULTS", "STORE_FAULTS", "FaultyLLM", "FaultyStore"]
 

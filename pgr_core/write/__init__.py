@@ -18,15 +18,15 @@
 
 from __future__ import annotations
 
-from .consolidate import ConsolidationReport, Consolidator, Journal, SqliteJournal, open_journal
-from .examples import TrainingExample, prefeval_examples
-from .extract import ExtractedFact, Extraction, extract, parse_extraction
-from .guideline import DEFAULT_GUIDELINE, FACT_TYPES, Guideline, GuidelineError
-from .induction import InductionConfig, InductionResult, induce
-from .ingest import Ingestor, IngestReport, raw_facts
-from .ledger import Ledger, LedgerEntry
-from .sessions import Session, Turn, UserSessions, jsonl_sessions, locomo_sessions
-from .stores import FactWriter, WritableStore, writer_for
+from pgr_core.write.consolidate import ConsolidationReport, Consolidator, Journal, SqliteJournal, open_journal
+from pgr_core.write.examples import TrainingExample, prefeval_examples
+from pgr_core.write.extract import ExtractedFact, Extraction, extract, parse_extraction
+from pgr_core.write.guideline import DEFAULT_GUIDELINE, FACT_TYPES, Guideline, GuidelineError
+from pgr_core.write.induction import InductionConfig, InductionResult, induce
+from pgr_core.write.ingest import Ingestor, IngestReport, raw_facts
+from pgr_core.write.ledger import Ledger, LedgerEntry
+from pgr_core.write.sessions import Session, Turn, UserSessions, jsonl_sessions, locomo_sessions
+from pgr_core.write.stores import FactWriter, WritableStore, writer_for
 
 __all__ = [
     "ConsolidationReport",

@@ -41,16 +41,16 @@ from typing import Any
 
 import numpy as np
 
-from .._dates import parse_date
-from ..embedders import Embedder
-from ..errors import InvalidArgumentError, LLMError, LLMOutputError, PGRError
-from ..llm import LLM, parse_json
-from ..prompts import render
-from ..types import Fact, Scope
-from .guideline import FACT_TYPES
-from .ledger import SQLITE_SUFFIX, SqliteRecords, append_jsonl, read_jsonl_records, store_file_path
-from .sessions import scope_label
-from .stores import FactWriter, fact_from_dict, latest_date, writer_for
+from pgr_core._dates import parse_date
+from pgr_core.errors import InvalidArgumentError, LLMError, LLMOutputError, PGRError
+from pgr_core.models.embedders import Embedder
+from pgr_core.models.llm import LLM, parse_json
+from pgr_core.models.prompts import render
+from pgr_core.types import Fact, Scope
+from pgr_core.write.guideline import FACT_TYPES
+from pgr_core.write.ledger import SQLITE_SUFFIX, SqliteRecords, append_jsonl, read_jsonl_records, store_file_path
+from pgr_core.write.sessions import scope_label
+from pgr_core.write.stores import FactWriter, fact_from_dict, latest_date, writer_for
 
 __all__ = [
     "ConsolidationReport",

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from .._dates import parse_date
-from ..datasets import prefeval_root
-from ..errors import InvalidArgumentError
-from .sessions import Session, Turn
+from pgr_core._dates import parse_date
+from pgr_core.datasets import prefeval_root
+from pgr_core.errors import InvalidArgumentError
+from pgr_core.write.sessions import Session, Turn
 
 __all__ = ["TrainingExample", "prefeval_examples"]
 

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..errors import InvalidArgumentError, LLMOutputError
-from ..llm import LLM, Completion, parse_json
-from ..prompts import render
-from ..types import Fact
-from .guideline import Guideline
-from .sessions import Session
+from pgr_core.errors import InvalidArgumentError, LLMOutputError
+from pgr_core.models.llm import LLM, Completion, parse_json
+from pgr_core.models.prompts import render
+from pgr_core.types import Fact
+from pgr_core.write.guideline import Guideline
+from pgr_core.write.sessions import Session
 
 __all__ = [
     "EXTRACT_SCHEMA",

@@ -45,12 +45,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigurationError
-from .examples import TrainingExample, prefeval_examples
-from .extract import extraction_messages
-from .guideline import DEFAULT_GUIDELINE, Guideline
-from .rewards import Answerer, LexicalAnswerer, LLMAnswerer, adherence_reward, memory_answer_reward
-from .sessions import Session, Turn
+from pgr_core.errors import ConfigurationError
+from pgr_core.write.examples import TrainingExample, prefeval_examples
+from pgr_core.write.extract import extraction_messages
+from pgr_core.write.guideline import DEFAULT_GUIDELINE, Guideline
+from pgr_core.write.rewards import Answerer, LexicalAnswerer, LLMAnswerer, adherence_reward, memory_answer_reward
+from pgr_core.write.sessions import Session, Turn
 
 __all__ = ["BUILTIN_EXAMPLES", "GMPOConfig", "build_rows", "reward_functions", "train"]
 
@@ -316,7 +316,7 @@ def train(config: GMPOConfig, *, examples: Sequence[TrainingExample] | None = No
     if conversational:
         rows = [{**r, "prompt": [{"role": "user", "content": r["prompt"]}]} for r in rows]
     if config.answer_base_url:
-        from ..llm import OpenAICompatible
+        from pgr_core.models.llm import OpenAICompatible
 
         answerer: Answerer = LLMAnswerer(OpenAICompatible(base_url=config.answer_base_url, model=config.answer_model))
     else:

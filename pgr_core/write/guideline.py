@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..errors import InvalidArgumentError
+from pgr_core.errors import InvalidArgumentError
 
 __all__ = ["DEFAULT_GUIDELINE", "FACT_TYPES", "Guideline", "GuidelineError", "type_lines"]
 

@@ -30,15 +30,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..embedders import Embedder, HashingEmbedder
-from ..errors import LLMError
-from ..llm import LLM, CallFlow, Request, WrappedLLM, parse_json
-from ..memory import InMemoryStore
-from ..prompts import render
-from ..types import Fact, Scope
-from .examples import TrainingExample
-from .guideline import DEFAULT_GUIDELINE, Guideline, GuidelineError
-from .ingest import Ingestor
+from pgr_core.errors import LLMError
+from pgr_core.models.embedders import Embedder, HashingEmbedder
+from pgr_core.models.llm import LLM, CallFlow, Request, WrappedLLM, parse_json
+from pgr_core.models.prompts import render
+from pgr_core.stores.memory import InMemoryStore
+from pgr_core.types import Fact, Scope
+from pgr_core.write.examples import TrainingExample
+from pgr_core.write.guideline import DEFAULT_GUIDELINE, Guideline, GuidelineError
+from pgr_core.write.ingest import Ingestor
 
 __all__ = [
     "Contrast",
@@ -165,7 +165,7 @@ def build_memory(
 def retrieve_for(
     store: InMemoryStore, scope: Scope, example: TrainingExample, llm: LLM, config: InductionConfig
 ) -> list[Fact]:
-    from ..policy import PGR
+    from pgr_core.policy.pgr import PGR
 
     if config.retrieval == "query-only":  # deep enough to fill the same context as the others
         result = PGR(store).query_only(example.question, scope=scope, date=example.date, top_k=100)

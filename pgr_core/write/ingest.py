@@ -39,18 +39,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..cues import CueWriter, without_cues
-from ..errors import ConfigurationError, InvalidArgumentError, LLMError, LLMOutputError
-from ..llm import LLM
-from ..store import Store
-from ..types import SESSION_KEY, Fact, Scope, SearchParams
-from ._progress import ProgressBar
-from .consolidate import listed_facts, remove_owned
-from .extract import MAX_FACTS_PER_SESSION, Extraction, extract, handles
-from .guideline import DEFAULT_GUIDELINE, Guideline
-from .ledger import Ledger, LedgerEntry, Status, owner_of
-from .sessions import ASSISTANT_ROLES, Session, UserSessions, key_part, scope_label
-from .stores import FactWriter, writer_for
+from pgr_core.anticipation.cues import CueWriter, without_cues
+from pgr_core.errors import ConfigurationError, InvalidArgumentError, LLMError, LLMOutputError
+from pgr_core.models.llm import LLM
+from pgr_core.stores.contract import Store
+from pgr_core.types import SESSION_KEY, Fact, Scope, SearchParams
+from pgr_core.write._progress import ProgressBar
+from pgr_core.write.consolidate import listed_facts, remove_owned
+from pgr_core.write.extract import MAX_FACTS_PER_SESSION, Extraction, extract, handles
+from pgr_core.write.guideline import DEFAULT_GUIDELINE, Guideline
+from pgr_core.write.ledger import Ledger, LedgerEntry, Status, owner_of
+from pgr_core.write.sessions import ASSISTANT_ROLES, Session, UserSessions, key_part, scope_label
+from pgr_core.write.stores import FactWriter, writer_for
 
 __all__ = ["IngestReport", "Ingestor", "SESSION_KEY", "raw_facts"]
 
@@ -153,8 +153,8 @@ class Ingestor:
       ledger lines are written, every ``checkpoint_every`` sessions and at the end of a run.
     - ``progress``: draw a progress bar on stderr.
     - ``cues``: write cues for each session's new and updated facts (one LLM call per session, with
-      ``llm`` or the :class:`~pgr_core.cues.CueWriter` given); the store must be an
-      :class:`~pgr_core.anticipating.Anticipating`. A session whose cues fail is still ingested; its
+      ``llm`` or the :class:`~pgr_core.anticipation.cues.CueWriter` given); the store must be an
+      :class:`~pgr_core.anticipation.anticipating.Anticipating`. A session whose cues fail is still ingested; its
       facts are cued by the next ``Anticipating.build`` (``pgr cues build``).
 
     ``max_facts`` (an attribute, 50): of one extraction reply, at most this many facts are read; the
@@ -498,7 +498,7 @@ class Ingestor:
 def _cue_writer(store: Any, llm: LLM | None, cues: bool | CueWriter) -> CueWriter | None:
     if cues is False or cues is None:
         return None
-    from ..anticipating import Anticipating
+    from pgr_core.anticipation.anticipating import Anticipating
 
     if not isinstance(store, Anticipating):
         raise ConfigurationError(

@@ -33,9 +33,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from ..errors import ConfigurationError
-from ..types import Scope
-from .sessions import Session, legacy_scope_label, scope_label
+from pgr_core.errors import ConfigurationError
+from pgr_core.types import Scope
+from pgr_core.write.sessions import Session, legacy_scope_label, scope_label
 
 __all__ = [
     "Ledger",

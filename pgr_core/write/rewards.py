@@ -19,14 +19,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..embedders import Embedder, HashingEmbedder
-from ..errors import LLMError, LLMOutputError
-from ..llm import LLM, parse_json
-from ..types import Fact, Scope
-from .examples import TrainingExample
-from .extract import EXTRACT_SCHEMA
-from .guideline import DEFAULT_GUIDELINE, Guideline
-from .induction import answer_question, chosen_letter
+from pgr_core.errors import LLMError, LLMOutputError
+from pgr_core.models.embedders import Embedder, HashingEmbedder
+from pgr_core.models.llm import LLM, parse_json
+from pgr_core.types import Fact, Scope
+from pgr_core.write.examples import TrainingExample
+from pgr_core.write.extract import EXTRACT_SCHEMA
+from pgr_core.write.guideline import DEFAULT_GUIDELINE, Guideline
+from pgr_core.write.induction import answer_question, chosen_letter
 
 __all__ = [
     "AdherenceScore",

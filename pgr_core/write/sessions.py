@@ -15,10 +15,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .._dates import DateLike, parse_date
-from ..datasets import json_objects, read_locomo
-from ..errors import InvalidArgumentError
-from ..types import Scope
+from pgr_core._dates import DateLike, parse_date
+from pgr_core.datasets import json_objects, read_locomo
+from pgr_core.errors import InvalidArgumentError
+from pgr_core.types import Scope
 
 __all__ = [
     "Session",

@@ -5,7 +5,7 @@ A store is writable when it has ``add_facts(facts) -> ids`` (:class:`~pgr_core.I
 Ingestion needs only that. Consolidation also needs ``delete(ids)`` and a way to list a scope's facts
 (``facts``), and ids that survive the write (a store that makes up its own ids, as mem0 does, cannot
 replace a fact in place). :class:`FactWriter` says which of these a store has and names what is missing:
-a pgr :class:`~pgr_core.store.Store` by what it declares (``Capabilities.writable``, ``deletes``,
+a pgr :class:`~pgr_core.stores.contract.Store` by what it declares (``Capabilities.writable``, ``deletes``,
 ``lists``, ``by_id``), any other object by the methods it has.
 """
 
@@ -18,10 +18,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .._dates import parse_date
-from ..embedders import Embedder
-from ..errors import ConfigurationError, InvalidArgumentError, StoreError
-from ..types import Capabilities, Fact, Scope
+from pgr_core._dates import parse_date
+from pgr_core.errors import ConfigurationError, InvalidArgumentError, StoreError
+from pgr_core.models.embedders import Embedder
+from pgr_core.types import Capabilities, Fact, Scope
 
 __all__ = ["FactWriter", "WritableStore", "fact_from_dict", "latest_date", "writer_for"]
 

@@ -36,19 +36,7 @@ from pgr_adapters.llamaindex import LlamaIndexLLM, MiniLMEmbedding, ProspectionR
 from pgr_adapters.llamaindex import plugin as llamaindex_plugin
 from pgr_adapters.llamaindex.retriever import TRACE_KEYS
 
-from pgr_core import (
-    PGR,
-    Anticipating,
-    CueWriter,
-    Fact,
-    HashingEmbedder,
-    Hit,
-    InMemoryStore,
-    Scope,
-    SearchParams,
-    plugins,
-)
-from pgr_core.embedders import MiniLMEmbedder, minilm_available
+from pgr_core import PGR, Anticipating, CueWriter, Fact, HashingEmbedder, Hit, InMemoryStore, Scope, SearchParams
 from pgr_core.errors import (
     ConfigurationError,
     InvalidArgumentError,
@@ -56,6 +44,8 @@ from pgr_core.errors import (
     ScopeError,
     StoreError,
 )
+from pgr_core.models.embedders import MiniLMEmbedder, minilm_available
+from pgr_core.plugins import registry as plugins
 from pgr_core.testing import CUE_BACKFILL_NOTES, CUE_BACKFILL_OTHER, cue_llm, planner_llm
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus
 
@@ -913,7 +903,7 @@ def test_plugin_imports_no_framework_and_names_the_extra_when_it_is_missing() ->
         import pgr_adapters.llamaindex as adapter
         assert not [m for m in sys.modules if m.startswith("llama_index")], "plugin imported LlamaIndex"
         sys.modules["llama_index"] = None  # as if the extra were not installed
-        from pgr_core import plugins
+        from pgr_core.plugins import registry as plugins
         from pgr_core.errors import ConfigurationError
         registry = plugins.load([plugin], entry_points=False)
         for attempt in (lambda: registry.store("llamaindex", retriever=object()),

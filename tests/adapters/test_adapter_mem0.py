@@ -49,10 +49,10 @@ from pgr_core import (  # noqa: E402
     ScopeError,
     SearchParams,
     StoreError,
-    plugins,
 )
-from pgr_core.embedders import MiniLMEmbedder  # noqa: E402
-from pgr_core.prospectors import COT_SCHEMA  # noqa: E402
+from pgr_core.models.embedders import MiniLMEmbedder  # noqa: E402
+from pgr_core.plugins import registry as plugins  # noqa: E402
+from pgr_core.policy.prospectors import COT_SCHEMA  # noqa: E402
 from pgr_core.testing import CUE_BACKFILL_NOTES, CUE_BACKFILL_OTHER, ScriptedLLM, cue_llm, planner_llm  # noqa: E402
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus  # noqa: E402
 

