@@ -245,6 +245,12 @@ class Capabilities:
             )
 
 
+#: A store that keeps everything pgr can use: pgr's own (InMemoryStore, EdgeStore).
+EVERY_ABILITY = Capabilities(
+    writable=True, dates=True, cosine_scores=True, window=True, lists=True, vectors=True, by_id=True, deletes=True
+)
+
+
 #: The method each optional :class:`Capabilities` flag promises (what a store declaring it implements).
 CAPABILITY_METHODS: dict[str, str] = {
     "writable": "add_facts(facts)",

@@ -41,7 +41,7 @@ from pgr_core.stores._acknowledged import Acknowledged, Row
 from pgr_core.stores._filelock import StoreLock
 from pgr_core.stores._validate import check_date_kind, check_facts, check_id, check_ids, check_vectors
 from pgr_core.stores.contract import AddsOneFact, Store, validate_probes
-from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams
+from pgr_core.types import EVERY_ABILITY, Capabilities, Fact, Hit, Scope, SearchParams
 
 __all__ = ["EdgeStore"]
 
@@ -217,16 +217,7 @@ class EdgeStore(AddsOneFact, Store):
     >>> store.close()  # doctest: +SKIP
     """
 
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        writable=True,
-        dates=True,
-        cosine_scores=True,
-        window=True,
-        lists=True,
-        vectors=True,
-        by_id=True,
-        deletes=True,
-    )
+    capabilities: ClassVar[Capabilities] = EVERY_ABILITY
     #: a bulk add_facts of at least this many facts builds the HNSW index before returning
     auto_optimize_at: int = 10_000
     #: flush the segments after a write once this many seconds have passed since the last flush

@@ -41,7 +41,7 @@ from pgr_core.models.embedders import Embedder, default_embedder
 from pgr_core.stores._filelock import StoreLock
 from pgr_core.stores._validate import check_date_kind, check_fact, check_facts, check_id, check_ids, check_vectors
 from pgr_core.stores.contract import AddsOneFact, Store, validate_probes
-from pgr_core.types import Capabilities, Fact, Hit, Scope, SearchParams
+from pgr_core.types import EVERY_ABILITY, Capabilities, Fact, Hit, Scope, SearchParams
 
 __all__ = ["InMemoryStore"]
 
@@ -175,16 +175,7 @@ class InMemoryStore(AddsOneFact, Store):
     >>> store.add("I hurt my knee in March", scope=Scope(user_id="u1"), date="2025-03-10")  # doctest: +SKIP
     """
 
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        writable=True,
-        dates=True,
-        cosine_scores=True,
-        window=True,
-        lists=True,
-        vectors=True,
-        by_id=True,
-        deletes=True,
-    )
+    capabilities: ClassVar[Capabilities] = EVERY_ABILITY
 
     def __init__(self, embedder: Embedder | None = None, *, embedding_cache: int = 4096) -> None:
         if isinstance(embedding_cache, bool) or not isinstance(embedding_cache, int) or embedding_cache < 0:

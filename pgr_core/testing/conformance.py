@@ -306,7 +306,7 @@ class StoreConformance:
         ask: Any = store  # its optional methods, each called only where its flag is declared
         corpus = conformance_corpus()
         # the facts as the store holds them (an adapter may assign its own ids), read by search
-        held = _held_facts(store.store if isinstance(store, Anticipating) else store, corpus)
+        held = _found_by_text(store.store if isinstance(store, Anticipating) else store, corpus, first=False)
         alice = [f.text for f in corpus if ALICE.allows(f.scope)]
         alice_ids = [held[t].id for t in alice]
         bobs = held[_BOB_TURNS[0]]
@@ -388,36 +388,20 @@ class CuedStore:
         return self.facts[text]
 
 
-def _held_facts(store: Store, corpus: Sequence[Fact]) -> dict[str, Fact]:
-    """corpus text -> the fact the store holds for it: the hit with that text among the first five of a
-    search for it under its owner (asks nothing of the store but search)."""
+def _found_by_text(store: Store, corpus: Sequence[Fact], *, first: bool) -> dict[str, Fact]:
+    """corpus text -> the fact the store holds for it: a search for its exact text under its owner (asks
+    nothing of the store but search), the fact among the first five (``first``: ranked first)."""
     by_owner: dict[Scope, list[Fact]] = {}
     for fact in corpus:
         by_owner.setdefault(fact.scope, []).append(fact)
     found: dict[str, Fact] = {}
+    params = SearchParams(top_k=1 if first else 5, min_score=0.0)
     for owner, owned in by_owner.items():
-        results = store._checked_search([f.text for f in owned], owner, SearchParams(top_k=5, min_score=0.0))
-        for fact, hits in zip(owned, results, strict=True):
+        for fact, hits in zip(owned, store._checked_search([f.text for f in owned], owner, params), strict=True):
             same = [h.fact for h in hits if h.neighbour_of is None and h.fact.text == fact.text]
-            assert same, f"{type(store).__name__} does not find {fact.text!r} for its own text: {_texts(hits)}"
+            where = "rank" if first else "find"
+            assert same, f"{type(store).__name__} does not {where} {fact.text!r} for its own text: {_texts(hits)}"
             found[fact.text] = same[0]
-    return found
-
-
-def _assigned_facts(inner: Store, corpus: Sequence[Fact]) -> dict[str, Fact]:
-    """corpus text -> the fact the adapter stored for it: a search for the exact text under its owner."""
-    by_owner: dict[Scope, list[Fact]] = {}
-    for fact in corpus:
-        by_owner.setdefault(fact.scope, []).append(fact)
-    found: dict[str, Fact] = {}
-    for owner, owned in by_owner.items():
-        results = inner._checked_search([f.text for f in owned], owner, SearchParams(top_k=1, min_score=0.0))
-        for fact, hits in zip(owned, results, strict=True):
-            direct = [h for h in hits if h.neighbour_of is None]
-            assert direct and direct[0].fact.text == fact.text, (
-                f"{type(inner).__name__} does not rank {fact.text!r} first for its own text: {_texts(hits)}"
-            )
-            found[fact.text] = direct[0].fact
     return found
 
 
@@ -464,7 +448,7 @@ class AnticipatingConformance(StoreConformance):
         inner = make_store(corpus)
         self._needs(inner, "by_id")  # facts found only through a cue are fetched by id
         wrapped = self.anticipating(inner, cue_embedder)
-        facts = _assigned_facts(wrapped.store, corpus)
+        facts = _found_by_text(wrapped.store, corpus, first=True)
         written = wrapped.put_cues({facts[t].id: list(c) for t, c in CORPUS_CUES.items()}, list(facts.values()))
         assert written == sum(len(c) for c in CORPUS_CUES.values())
         return CuedStore(wrapped, facts)
