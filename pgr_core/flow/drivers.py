@@ -1,6 +1,6 @@
 """The two drivers of a flow (see :mod:`pgr_core.flow.effects`): one performs its effects with blocking
 calls, one with awaitable calls, so the sync and async APIs share one flow. What they share is written
-once (:meth:`Drivers._steps`): they keep the call's budget (:mod:`pgr_core.flow.budget`), bill every LLM
+once (:meth:`Driver._steps`): they keep the call's budget (:mod:`pgr_core.flow.budget`), bill every LLM
 call to the trace and report every effect (:mod:`pgr_core.observability.telemetry`); each driver only
 performs the effects."""
 
@@ -28,23 +28,32 @@ if TYPE_CHECKING:
     from pgr_core.policy.config import PGRConfig
     from pgr_core.stores.contract import Store
 
-__all__ = ["Drivers"]
+__all__ = ["Driver"]
 
 Outcome = tuple[Any, BaseException | None]  # an effect's result, or the exception it raised
 
 _ABANDONED = "no answer in the {seconds:.3g}s the deadline left; the call was abandoned"
 
 
-class Drivers:
-    """Mixed into :class:`~pgr_core.policy.pgr.PGR`: runs its flows against its store and LLM."""
+class Driver:
+    """Runs a :class:`~pgr_core.policy.pgr.PGR`'s flows against its store and LLM: :meth:`drive` with
+    blocking calls, :meth:`adrive` with awaitable ones."""
 
-    store: Store
-    llm: LLM | None
-    config: PGRConfig
-    telemetry: Telemetry  # spans, metrics and progress lines of every effect (pgr_core.observability.telemetry)
-    centre: MemoryCentre | None  # the scopes' mean vectors, for centred scores (None: centring off)
+    def __init__(
+        self,
+        store: Store,
+        llm: LLM | None,
+        config: PGRConfig,
+        telemetry: Telemetry,
+        centre: MemoryCentre | None,
+    ) -> None:
+        self.store = store
+        self.llm = llm
+        self.config = config
+        self.telemetry = telemetry  # spans, metrics and progress lines of every effect
+        self.centre = centre  # the scopes' mean vectors, for centred scores (None: centring off)
 
-    def _drive(self, flow: Flow, meter: Meter | None = None) -> Any:
+    def drive(self, flow: Flow, meter: Meter | None = None) -> Any:
         """Run a flow with blocking calls (its embeddings counted, and cached or not, as configured)."""
         meter = meter or Meter(Budget())
         run = _Run(self._steps(flow, meter))
@@ -54,7 +63,7 @@ class Drivers:
                 effect = run.resume(*_outcome(self._perform, effect, meter))
         return run.value
 
-    async def _adrive(self, flow: Flow, meter: Meter | None = None) -> Any:
+    async def adrive(self, flow: Flow, meter: Meter | None = None) -> Any:
         """Run a flow with awaitable calls. The embedding count lives in this task's context, and worker
         threads of ``asyncio.to_thread`` inherit it, so concurrent calls never mix their counts."""
         meter = meter or Meter(Budget())
@@ -178,7 +187,7 @@ class Drivers:
 
 
 class _Run:
-    """A flow being driven (through :meth:`Drivers._steps`): :meth:`resume` hands it the last effect's
+    """A flow being driven (through :meth:`Driver._steps`): :meth:`resume` hands it the last effect's
     outcome and returns the next effect, or None once the flow has returned ``value``."""
 
     def __init__(self, steps: Flow) -> None:

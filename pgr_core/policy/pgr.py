@@ -16,8 +16,8 @@ and cut to its (K, τ) by cosine minus the fact's typicality, its mean cosine to
 Around the phases, not in this file: the options (config.py), centred scores (centring.py), adaptive
 mode and Phase-1 reuse (savings.py), the drivers and the budget meter (_drivers.py, _budget.py).
 
-Every step is a generator yielding :class:`Search` / :class:`Ask` effects; :meth:`PGR._drive` and
-:meth:`PGR._adrive` perform them, so the sync and async APIs share one flow. The drivers also hold the
+Every step is a generator yielding :class:`Search` / :class:`Ask` effects; :meth:`Driver.drive` and
+:meth:`Driver.adrive` perform them, so the sync and async APIs share one flow. The drivers also hold the
 call's :class:`Budget`: a refused LLM call is thrown back into the flow, and the phase that asked stops
 prospecting and keeps what it has.
 """
@@ -34,7 +34,7 @@ from typing import Any
 from pgr_core._dates import DateLike, as_utc, check_same_kind, parse_date
 from pgr_core.errors import ConfigurationError, InvalidArgumentError, LLMError, StoreError
 from pgr_core.flow.budget import BudgetStop, Meter
-from pgr_core.flow.drivers import Drivers
+from pgr_core.flow.drivers import Driver
 from pgr_core.flow.effects import Ask, Flow, Search, Typicality
 from pgr_core.models.caches import CachedEmbedder, ProspectionCache, Reusable, current_count
 from pgr_core.models.embedders import Embedder
@@ -64,7 +64,7 @@ from pgr_core.policy.ranking import (
     shared_order,
     summed_order,
 )
-from pgr_core.policy.savings import Savings, cut_hits
+from pgr_core.policy.savings import cut_hits, heuristic, llm_decision
 from pgr_core.stores.contract import Store
 from pgr_core.types import Budget, Hit, Scope, SearchParams
 
@@ -144,7 +144,7 @@ def _renumbered(steps: Sequence[Step], round_index: int) -> list[Step]:
     ]
 
 
-class PGR(Savings, Drivers):
+class PGR:
     """Prospection-Guided Retrieval over any :class:`~pgr_core.stores.contract.Store`.
 
     >>> pgr = PGR(store, llm=OpenAICompatible(base_url=..., model=...), strategy="tot")  # doctest: +SKIP
@@ -236,6 +236,49 @@ class PGR(Savings, Drivers):
                 ttl_s=cfg.phase1_reuse_ttl_s,
             )
             store.add_listener(self.phase1_cache.invalidate)  # held weakly: dropping this PGR drops it
+        self._driver = Driver(store, llm, cfg, self.telemetry, self.centre)
+
+    # ================================================================== savings: adaptive mode, Phase-1 reuse
+
+    def _lookup(self, p: Prospection) -> Flow:
+        """The query's own top K (the baseline's, window included), read by adaptive mode and, cut to
+        (Ko, τo), by augmentation: one store call serves both. None when the store failed."""
+        cfg = self.config
+        rnd = self._new_round(p, "augment")
+        params = SearchParams(max(cfg.query_only_k, cfg.augment_top_k), 0.0, window=cfg.window)
+        with self._phase(p.trace, "augment"):
+            try:
+                hits = yield from self._search(p, rnd, [Probe(p.query, "query")], params, count=False, centre=False)
+            except StoreError as exc:  # Phase 1 still probes the query: the store may answer that
+                p.trace.degrade("store_error", exc)
+                return None
+        return rnd, hits[0]
+
+    def _keep_query_hits(self, p: Prospection, rnd: Round, hits: list[Hit]) -> None:
+        """Adaptive skip: R is the query's top K, exactly what :meth:`query_only` returns."""
+        self._merge(p, rnd, rnd.probes[0], cut_hits(hits, self.config.query_only_k, 0.0))
+        p.trace.stop_reason = "adaptive_skip"
+
+    def _reusable(self, p: Prospection) -> Reusable | None:
+        """An earlier Phase-1 prospection of this scope and date for a near-identical query, if any."""
+        cache = self.phase1_cache
+        if cache is None or self.embedder is None:
+            return None
+        try:
+            with self._embeds(p.trace, "augment"):
+                p.query_vector = self.embedder.embed([p.query])[0]
+        except Exception as exc:  # no reuse then; the call goes on as usual
+            p.trace.errors.append(f"phase1_reuse: {type(exc).__name__}: {exc}")
+            return None
+        return cache.lookup(p.scope, p.date_text(), p.query_vector)
+
+    def _remember(self, p: Prospection, cache: ProspectionCache, version: int) -> None:
+        """Keep this call's Phase 1 when it is whole: q_A and steps from the prospector, nothing cut."""
+        initial = next((r for r in p.trace.rounds if r.phase == "initial"), None)
+        if initial is None or not initial.steps or p.trace.degraded or p.trace.budget_hit:
+            return
+        assert p.query_vector is not None
+        cache.put(p.scope, p.date_text(), p.query, p.query_vector, p.intent, initial.steps, version=version)
 
     def __repr__(self) -> str:
         return f"PGR(store={type(self.store).__name__}, prospector={self.prospector.name!r}, llm={self.llm!r})"
@@ -258,7 +301,7 @@ class PGR(Savings, Drivers):
         """
         with self.telemetry.root("retrieve", str(self.strategy)) as root:
             meter = self._meter(budget)
-            return root.finish(self._drive(self._retrieve_flow(*self._check(query, scope, date), meter), meter))
+            return root.finish(self._driver.drive(self._retrieve_flow(*self._check(query, scope, date), meter), meter))
 
     async def aretrieve(
         self,
@@ -272,7 +315,7 @@ class PGR(Savings, Drivers):
         with self.telemetry.root("retrieve", str(self.strategy)) as root:
             meter = self._meter(budget)
             flow = self._retrieve_flow(*self._check(query, scope, date), meter)
-            return root.finish(await self._adrive(flow, meter))
+            return root.finish(await self._driver.adrive(flow, meter))
 
     def query_only(
         self,
@@ -288,7 +331,9 @@ class PGR(Savings, Drivers):
         With a window, neighbours count toward K: the top hits and their neighbours fill the budget.
         """
         with self.telemetry.root("query_only", "query-only") as root:
-            return root.finish(self._drive(self._query_only_flow(*self._check(query, scope, date), top_k, window)))
+            return root.finish(
+                self._driver.drive(self._query_only_flow(*self._check(query, scope, date), top_k, window))
+            )
 
     async def aquery_only(
         self,
@@ -302,7 +347,7 @@ class PGR(Savings, Drivers):
         """Async twin of :meth:`query_only`."""
         with self.telemetry.root("query_only", "query-only") as root:
             flow = self._query_only_flow(*self._check(query, scope, date), top_k, window)
-            return root.finish(await self._adrive(flow))
+            return root.finish(await self._driver.adrive(flow))
 
     def answer(
         self,
@@ -320,7 +365,7 @@ class PGR(Savings, Drivers):
         with self.telemetry.root("answer", str(self.strategy)) as root:
             meter = self._meter(budget)
             flow = self._answer_flow(*self._check(query, scope, date, needs_llm=True), meter)
-            return root.finish(self._drive(flow, meter))
+            return root.finish(self._driver.drive(flow, meter))
 
     async def aanswer(
         self,
@@ -334,7 +379,7 @@ class PGR(Savings, Drivers):
         with self.telemetry.root("answer", str(self.strategy)) as root:
             meter = self._meter(budget)
             flow = self._answer_flow(*self._check(query, scope, date, needs_llm=True), meter)
-            return root.finish(await self._adrive(flow, meter))
+            return root.finish(await self._driver.adrive(flow, meter))
 
     # ================================================================== argument checks
 
@@ -393,7 +438,7 @@ class PGR(Savings, Drivers):
         if cfg.adaptive != "off":
             lookup = yield from self._lookup(p)
             if lookup is not None and cfg.adaptive == "heuristic":
-                p.trace.adaptive = self._heuristic(p.query, lookup[1])
+                p.trace.adaptive = heuristic(p.query, lookup[1], self.config.adaptive_min_score)
                 if p.trace.adaptive.skipped:
                     self._keep_query_hits(p, *lookup)
                     return
@@ -408,7 +453,7 @@ class PGR(Savings, Drivers):
             p.ask_answered = cfg.adaptive == "llm"
             p.intent = yield from self._augment(p, lookup[1] if lookup is not None else None)
         if cfg.adaptive == "llm":
-            p.trace.adaptive = self._llm_decision(p, reused)
+            p.trace.adaptive = llm_decision(p, reused)
             if p.trace.adaptive.skipped and lookup is not None:
                 self._keep_query_hits(p, *lookup)
                 return
