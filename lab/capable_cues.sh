@@ -18,8 +18,9 @@ pgr eval jsonl --data $MQ --methods query-only,pgr-feedback $C --json "$out/mq-p
 pgr eval jsonl --data $MQ --cues --methods query-only,pgr-feedback,pgr-cot $C --json "$out/mq-cues.json" 2>/dev/null | table
 echo "## Prior art at the same write cost, and pgr's cue-path choices (leave one user out)"
 python lab/prior_art.py write --data $MQ --replies $R --cache "$out/questions.sqlite3"
+python lab/prior_art.py write --writer zero-shot-cues --data $MQ --replies $R --cache "$out/zero-shot.sqlite3"
 python lab/prior_art.py score --data $MQ --questions "$out/questions.sqlite3" --cues "$out/cues.sqlite3" \
-  --model "recorded:$R" --json "$out/prior-art.json" 2>/dev/null
+  --zero-shot-cues "$out/zero-shot.sqlite3" --model "recorded:$R" --json "$out/prior-art.json" 2>/dev/null
 echo "## LoCoMo conv-30 and PrefEval (pool 6, every 5th) over capable-model cues"
 pgr eval locomo --data ../shared/data/locomo --user conv-30 --methods query-only,pgr-feedback $C \
   --json "$out/l30-plain.json" 2>/dev/null | table

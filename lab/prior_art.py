@@ -71,6 +71,21 @@ class QuestionWriter(CueWriter):
         return kept[: self.cues_per_fact], []
 
 
+class ZeroShotCueWriter(CueWriter):
+    """pgr's cue prompt without its worked example (the earlier exchange that shows a small model the
+    reply's shape): the prompt choice scored against the default, and a smaller call."""
+
+    def __init__(self, llm: Any, **options: Any) -> None:
+        super().__init__(llm, **options)
+        self.identity = f"{self.identity.split('|')[0]}|cues-zero-shot|{self.cues_per_fact}"
+
+    def messages(self, facts: Sequence[Any]) -> list[dict[str, str]]:
+        return super().messages(facts)[-1:]
+
+
+WRITERS = {"questions": QuestionWriter, "zero-shot-cues": ZeroShotCueWriter}
+
+
 def _users(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
@@ -102,7 +117,7 @@ def cmd_write(args: argparse.Namespace) -> int:
         if args.replies
         else OpenAICompatible(base_url=args.base_url, model=args.model)
     )
-    writer = QuestionWriter(llm, cues_per_fact=args.count, cache=CueCache(args.cache))
+    writer = WRITERS[args.writer](llm, cues_per_fact=args.count, cache=CueCache(args.cache))
     writer.retry_failed = False
     asked = missing = 0
     for user in _users(args.data):
@@ -113,7 +128,7 @@ def cmd_write(args: argparse.Namespace) -> int:
             batch = writer.write(facts)
             asked += batch.calls
             missing += len(batch.missing)
-    print(f"questions: {asked} call(s) made, {missing} fact(s) without questions (pending requests, if any)")
+    print(f"{args.writer}: {asked} call(s) made, {missing} fact(s) without any (pending requests, if any)")
     return 0
 
 
@@ -275,6 +290,10 @@ def cmd_score(args: argparse.Namespace) -> int:
         rows.update(
             {f"pgr cues: {n}": v for n, v in _pgr_rows(users, CueCache(args.cues), identity, embedder, embed).items()}
         )
+    if args.zero_shot_cues:  # the prompt choice: the same prompt without its worked example
+        identity = f"{args.model}|cues-zero-shot|{args.count}"
+        zero = _pgr_rows(users, CueCache(args.zero_shot_cues), identity, embedder, embed)
+        rows.update({f"pgr cues, zero-shot prompt: {n}": v for n, v in zero.items()})
     table: dict[str, Any] = {
         name: {
             "recall@10": round(statistics.mean(v["r10"]), 3),
@@ -320,11 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--replies", type=Path, default=None, help="replay recorded replies instead of a server")
     w.add_argument("--cache", type=Path, required=True)
     w.add_argument("--count", type=int, default=4, help="questions per fact (4, as pgr's cues)")
+    w.add_argument("--writer", choices=sorted(WRITERS), default="questions", help="what to write (questions)")
     w.set_defaults(func=cmd_write)
     s = sub.add_parser("score")
     s.add_argument("--data", type=Path, required=True)
     s.add_argument("--questions", type=Path, required=True, help="the question cache `write` filled")
     s.add_argument("--cues", type=Path, default=None, help="pgr's cue cache (pgr eval --cues --cue-cache ...)")
+    s.add_argument("--zero-shot-cues", type=Path, default=None, help="the zero-shot cue cache (write --writer ...)")
     s.add_argument("--model", default="capable")
     s.add_argument("--count", type=int, default=4)
     s.add_argument("--vector-cache", type=Path, default=Path(".pgr-cache/vectors"))
