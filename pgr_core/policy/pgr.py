@@ -13,8 +13,9 @@
 Every store call φ is centred on the caller's memory (centring.py): each probe's list is read deep
 and cut to its (K, τ) by cosine minus the fact's typicality, its mean cosine to the scope's facts.
 
-Around the phases, not in this file: the options (config.py), centred scores (centring.py), adaptive
-mode and Phase-1 reuse (savings.py), the drivers and the budget meter (_drivers.py, _budget.py).
+Around the phases, not in this file: the options (config.py), centred scores (centring.py), the
+adaptive decisions (savings.py; their steps are PGR's own ``_lookup``, ``_reusable``, ``_remember``),
+the drivers and the budget meter (pgr_core.flow.drivers, pgr_core.flow.budget).
 
 Every step is a generator yielding :class:`Search` / :class:`Ask` effects; :meth:`Driver.drive` and
 :meth:`Driver.adrive` perform them, so the sync and async APIs share one flow. The drivers also hold the
