@@ -24,8 +24,8 @@ Row = tuple[str, str | None, str | None, str | None, str]  # point id, user_id, 
 
 
 class Acknowledged:
-    """The acknowledged points of one EdgeStore (see the module docstring); not thread-safe on its own:
-    the store calls it under its write lock."""
+    """The acknowledged points of one EdgeStore (see the module docstring). One lock serialises its
+    statements; the store changes it under its own write lock, so a change and its engine write go together."""
 
     def __init__(self, root: Path, *, durable: bool = False) -> None:
         self.path = root / FILE
