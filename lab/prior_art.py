@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from pgr_core.anticipation.cues import CueCache, CueWriter
+from pgr_core.evaluation.metrics import recall_at
 from pgr_core.policy.prospectors import quoted
 
 QUESTIONS_PROMPT = """Below are facts a personal assistant has noted about its user, each with an id.
@@ -86,26 +87,28 @@ class ZeroShotCueWriter(CueWriter):
 WRITERS = {"questions": QuestionWriter, "zero-shot-cues": ZeroShotCueWriter}
 
 
-def _users(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+Users = list[tuple[str, list[Any], list[Any]]]  # (user id, its facts, its questions with gold)
 
 
-def _facts(user: dict[str, Any]) -> list[Any]:
-    from pgr_core._dates import parse_date
-    from pgr_core.types import Fact, Scope
+def _by_user(path: Path) -> Users:
+    """(user id, its facts, its questions with gold), read by pgr eval's own loader."""
+    from pgr_core.evaluation.data import load_jsonl
 
-    scope = Scope(user_id=user["user_id"])
-    return [
-        Fact(
-            id=f["id"],
-            text=f["text"],
-            scope=scope,
-            date=parse_date(f.get("date")),
-            session_id=f.get("session_id"),
-            position=f.get("position"),
-        )
-        for f in user["facts"]
-    ]
+    data = load_jsonl(path)
+    facts: dict[str, list[Any]] = {}
+    for fact in data.facts:
+        facts.setdefault(str(fact.scope.user_id), []).append(fact)
+    questions: dict[str, list[Any]] = {}
+    for q in data.questions:
+        if q.gold:
+            questions.setdefault(str(q.scope.user_id), []).append(q)
+    return [(user, owned, questions.get(user, [])) for user, owned in facts.items()]
+
+
+def _recalls(ids: Sequence[str], q: Any) -> tuple[float, float]:
+    """recall@10 and recall@20 of a ranked id list, as pgr eval counts them (a reference is found when
+    any of its facts is)."""
+    return recall_at(ids, q.gold, 10, missing=q.missing), recall_at(ids, q.gold, 20, missing=q.missing)
 
 
 def cmd_write(args: argparse.Namespace) -> int:
@@ -120,12 +123,12 @@ def cmd_write(args: argparse.Namespace) -> int:
     writer = WRITERS[args.writer](llm, cues_per_fact=args.count, cache=CueCache(args.cache))
     writer.retry_failed = False
     asked = missing = 0
-    for user in _users(args.data):
+    for _, facts, _ in _by_user(args.data):
         sessions: dict[str, list[Any]] = {}
-        for fact in _facts(user):
+        for fact in facts:
             sessions.setdefault(fact.session_id or "", []).append(fact)
-        for facts in sessions.values():
-            batch = writer.write(facts)
+        for group in sessions.values():
+            batch = writer.write(group)
             asked += batch.calls
             missing += len(batch.missing)
     print(f"{args.writer}: {asked} call(s) made, {missing} fact(s) without any (pending requests, if any)")
@@ -166,22 +169,17 @@ def _filtered(facts: list[Any], cues: dict[str, list[str]], embed: Any) -> dict[
     return out
 
 
-def _pgr_rows(users: list[dict[str, Any]], cue_cache: CueCache, identity: str, embedder: Any, embed: Any) -> dict:
+def _pgr_rows(
+    users: list[tuple[str, list[Any], list[Any]]], cue_cache: CueCache, identity: str, embedder: Any, embed: Any
+) -> dict:
     """recall@10 / @20 per question for each of :data:`CANDIDATES`, through Anticipating itself."""
     from pgr_core import Anticipating, InMemoryStore, SearchParams
-    from pgr_core.types import Scope
 
     rows: dict[str, dict[str, list[Any]]] = {}
-    for user in users:
-        facts = _facts(user)
-        scope = Scope(user_id=user["user_id"])
+    for user, facts, questions in users:
         held = cue_cache.get_many(identity, [f.text for f in facts])
         cues = {f.id: list(held.get(f.text) or ()) for f in facts}
         filtered = _filtered(facts, cues, embed)
-        queries = [
-            (q["query"], [set(ref.get("fact_ids", [])) for ref in q.get("references", []) if ref.get("fact_ids")])
-            for q in user["queries"]
-        ]
         for name, options in CANDIDATES:
             options = dict(options)
             use = filtered if options.pop("filtered", False) else cues
@@ -192,14 +190,14 @@ def _pgr_rows(users: list[dict[str, Any]], cue_cache: CueCache, identity: str, e
             chosen = {fid: c[:first] if first else c for fid, c in use.items() if len(c[:first] if first else c) >= 1}
             wrapped.put_cues(chosen, facts)
             got = rows.setdefault(name, {"r10": [], "r20": [], "user": []})
-            for text, gold in queries:
-                if not gold:
-                    continue
-                (hits,) = wrapped.search_batch([text], scope=scope, params=SearchParams(top_k=20, min_score=0.0))
-                ids = [h.fact.id for h in hits]
-                got["r10"].append(sum(1 for g in gold if g & set(ids[:10])) / len(gold))
-                got["r20"].append(sum(1 for g in gold if g & set(ids[:20])) / len(gold))
-                got["user"].append(user["user_id"])
+            for q in questions:
+                (hits,) = wrapped.search_batch(
+                    [q.question], scope=q.scope, params=SearchParams(top_k=20, min_score=0.0)
+                )
+                r10, r20 = _recalls([h.fact.id for h in hits], q)
+                got["r10"].append(r10)
+                got["r20"].append(r20)
+                got["user"].append(user)
     return rows
 
 
@@ -230,11 +228,6 @@ def _louo(rows: dict[str, dict[str, list[Any]]], names: Sequence[str]) -> dict[s
     }
 
 
-def _recall(scores: np.ndarray, gold: list[set[int]], k: int) -> float:
-    top = set(np.argsort(-scores, kind="stable")[:k].tolist())
-    return sum(1 for g in gold if g & top) / len(gold)
-
-
 def cmd_score(args: argparse.Namespace) -> int:
     from pgr_core.evaluation.cache import disk_cached_embedder
     from pgr_core.models.embedders import MiniLMEmbedder
@@ -250,25 +243,18 @@ def cmd_score(args: argparse.Namespace) -> int:
     q_cache = CueCache(args.questions)
     q_identity = f"{args.model}|questions|{args.count}"
     rows: dict[str, dict[str, list[float]]] = {}
-    users = _users(args.data)
-    for user in users:
-        facts = _facts(user)
+    users = _by_user(args.data)
+    for user, facts, questions in users:
         texts = [f.text for f in facts]
-        index = {f.id: i for i, f in enumerate(facts)}
-        questions = q_cache.get_many(q_identity, texts)
+        generated = q_cache.get_many(q_identity, texts)
         F = embed(texts)
-        qs = [list(questions.get(t) or ()) for t in texts]
+        qs = [list(generated.get(t) or ()) for t in texts]
         flat = [q for row in qs for q in row]
         Q = embed(flat)
         owner = np.asarray([i for i, row in enumerate(qs) for _ in row], dtype=int)
         expanded = embed([t + " " + " ".join(row) if row else t for t, row in zip(texts, qs, strict=True)])
-        for query in user["queries"]:
-            # a reference is found when any of its facts is (as pgr eval counts it)
-            gold = [{index[g] for g in ref.get("fact_ids", []) if g in index} for ref in query.get("references", [])]
-            gold = [g for g in gold if g]
-            if not gold:
-                continue
-            (qv,) = embed([query["query"]])
+        for query in questions:
+            (qv,) = embed([query.question])
             own = F @ qv
             best = np.full(len(facts), -np.inf)
             if len(flat):
@@ -281,10 +267,11 @@ def cmd_score(args: argparse.Namespace) -> int:
                 "HyQE-style (own + best question)": own + np.where(has, best, own),
             }
             for name, scores in methods.items():
+                r10, r20 = _recalls([facts[i].id for i in np.argsort(-scores, kind="stable")[:20]], query)
                 got = rows.setdefault(name, {"r10": [], "r20": [], "user": []})
-                got["r10"].append(_recall(scores, gold, 10))
-                got["r20"].append(_recall(scores, gold, 20))
-                got["user"].append(user["user_id"])  # type: ignore[arg-type]
+                got["r10"].append(r10)
+                got["r20"].append(r20)
+                got["user"].append(user)  # type: ignore[arg-type]
     if args.cues:
         identity = CueWriter.identity_for(args.model, args.count)
         rows.update(
