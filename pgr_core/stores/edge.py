@@ -548,8 +548,8 @@ class EdgeStore(AddsOneFact, Store):
 
     def __len__(self) -> int:
         """How many facts the store holds, every owner together."""
-        with self._shard() as shard, _backend("count"):
-            return int(shard.count(self._edge.CountRequest(exact=True)))
+        with self._shard() as shard:
+            return _engine_count(self._edge, shard)
 
     def stats(self) -> dict[str, int]:
         """The engine's own numbers: points, segments, and how many vectors HNSW indexes."""
@@ -667,19 +667,7 @@ class EdgeStore(AddsOneFact, Store):
         self, shard: Any, flt: Any, payload: bool | Sequence[str], *, with_vector: Any = False, what: str
     ) -> list[Any]:
         """Every record matching ``flt``, page by page."""
-        edge = self._edge
-        selector = payload if isinstance(payload, bool) else edge.PayloadSelector.Include(list(payload))
-        out: list[Any] = []
-        offset = None
-        with _backend(what):
-            while True:
-                request = edge.ScrollRequest(
-                    offset=offset, limit=_SCROLL_PAGE, filter=flt, with_payload=selector, with_vector=with_vector
-                )
-                records, offset = shard.scroll(request)
-                out.extend(records)
-                if offset is None or not records:
-                    return out
+        return list(_engine_points(self._edge, shard, flt, payload=payload, vectors=with_vector, what=what))
 
     # -- filters
 
@@ -1072,14 +1060,19 @@ def _engine_count(edge: Any, shard: Any) -> int:
         return int(shard.count(edge.CountRequest(exact=True)))
 
 
-def _engine_points(edge: Any, shard: Any, *, payload: Any, vectors: bool) -> Iterator[Any]:
-    """Every point of the shard, page by page (owner fields and fact id, or all of it)."""
+def _engine_points(
+    edge: Any, shard: Any, flt: Any = None, *, payload: Any, vectors: Any, what: str = "listing every point"
+) -> Iterator[Any]:
+    """Every point of the shard matching ``flt`` (None: all), page by page, with the payload fields and
+    vectors asked for."""
     selector = payload if isinstance(payload, bool) else edge.PayloadSelector.Include(list(payload))
     offset = None
     while True:
-        with _backend("listing every point"):
+        with _backend(what):
             records, offset = shard.scroll(
-                edge.ScrollRequest(offset=offset, limit=_SCROLL_PAGE, with_payload=selector, with_vector=vectors)
+                edge.ScrollRequest(
+                    offset=offset, limit=_SCROLL_PAGE, filter=flt, with_payload=selector, with_vector=vectors
+                )
             )
         yield from records
         if offset is None or not records:
