@@ -151,18 +151,16 @@ def _used_end(path: Path) -> int:
 def _harm(copy: Path, kind: str, rng: random.Random) -> bool:
     """Damage the store copy; False when it has nothing of that kind to damage."""
     shard = copy / "shard"
-    if kind == "log-byte":
+    if kind.startswith("log-"):
         logs = [p for p in sorted((shard / "wal").glob("open-*")) if _used_end(p) > 64]
         if not logs:
             return False
-        data = bytearray(logs[0].read_bytes())
-        data[rng.randrange(32, _used_end(logs[0]))] ^= 1 << rng.randrange(8)
+        data, end = bytearray(logs[0].read_bytes()), _used_end(logs[0])
+        if kind == "log-byte":
+            data[rng.randrange(32, end)] ^= 1 << rng.randrange(8)
+        else:  # log-truncated
+            data = data[: end // 2]
         logs[0].write_bytes(bytes(data))
-    elif kind == "log-truncated":
-        logs = [p for p in sorted((shard / "wal").glob("open-*")) if _used_end(p) > 64]
-        if not logs:
-            return False
-        logs[0].write_bytes(logs[0].read_bytes()[: _used_end(logs[0]) // 2])
     elif kind == "id-map":
         maps = sorted((shard / "segments").glob("*/mutable_id_tracker.mappings"), key=lambda p: -p.stat().st_size)
         if not maps or maps[0].stat().st_size < 2:
