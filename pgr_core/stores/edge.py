@@ -454,23 +454,24 @@ class EdgeStore(AddsOneFact, Store):
             rows = check_vectors(embed([f.text for f in batch]), len(batch), dim)
         with self._shard() as shard, self._write_lock:
             self._aware = check_date_kind(batch, self._aware, lambda: self._stored_kind(shard))
-            points = self._points(batch, rows)
+            points, acknowledged = self._points(batch, rows)
             with _backend(f"writing {len(points)} point(s)"):
                 for start in range(0, len(points), _UPSERT_CHUNK):
                     shard.update(self._edge.UpdateOperation.upsert_points(points[start : start + _UPSERT_CHUNK]))
                 self._maybe_flush(shard)
             # after the engine's log: a crash in between leaves an unrecorded point, adopted on open
-            rows = {point_id(f.scope, f.id): f for f in batch}
-            self._acknowledge(lambda ack: ack.add(_fact_row(pid, f) for pid, f in rows.items()))
+            self._acknowledge(lambda ack: ack.add(acknowledged))
         self._notify({f.scope for f in batch})
         if len(batch) >= self.auto_optimize_at:
             self.optimize()
         return [f.id for f in batch]
 
-    def _points(self, batch: list[Fact], rows: np.ndarray) -> list[Any]:
-        """One point per (owner, id), the last of a batch winning as an upsert would."""
+    def _points(self, batch: list[Fact], rows: np.ndarray) -> tuple[list[Any], list[Row]]:
+        """One point per (owner, id), the last of a batch winning as an upsert would, and the record
+        rows of those points (see :mod:`pgr_core.stores._acknowledged`)."""
         edge, first = self._edge, _next_seqs(len(batch))
         latest: dict[str, Any] = {}
+        owners: dict[str, Row] = {}
         for i, (fact, row) in enumerate(zip(batch, rows, strict=True)):
             vector: dict[str, Any] = {DENSE: row.tolist()}
             if self._bm25 is not None:
@@ -478,7 +479,8 @@ class EdgeStore(AddsOneFact, Store):
             pid = point_id(fact.scope, fact.id)
             latest.pop(pid, None)  # keep batch order for the survivor
             latest[pid] = edge.Point(pid, vector, _payload(fact, first + i))
-        return list(latest.values())
+            owners[pid] = _fact_row(pid, fact)
+        return list(latest.values()), list(owners.values())
 
     def _stored_kind(self, shard: Any) -> bool | None:
         """Whether the store's dates are aware (True), naive (False) or absent (None): one small scroll."""
